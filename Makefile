@@ -1,0 +1,32 @@
+# The two commands of the README. Both create or reuse .venv and install through pip.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+DEMO_DIR ?= demo-output
+
+.PHONY: test demo benchmark venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: on this machine 2.13.0 is a local CPU build; anything that asks for
+	# plain `torch` later is then already satisfied.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: venv
+	$(PY) -m pytest
+
+demo: venv
+	$(PY) -m trainer.tiny.demo --out $(DEMO_DIR)
+
+benchmark: venv
+	$(PY) benchmarks/supervised.py
+
+clean:
+	rm -rf $(DEMO_DIR) .pytest_cache

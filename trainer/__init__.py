@@ -1,0 +1,1 @@
+"""alignflow trainer core."""

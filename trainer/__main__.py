@@ -1,0 +1,59 @@
+"""`python -m trainer {sft,rm,dpo} --config stage.yaml [--set key=value ...]`.
+
+The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
+leaves the process group; a bad config or bad data ends with one line naming the problem and
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch.distributed as dist
+
+from trainer.config import STAGE_CONFIGS, describe_fields, load_config
+from trainer.errors import AlignflowError
+from trainer.runtime import read_distributed_env, setup_logging
+
+logger = logging.getLogger("trainer")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Run one alignflow training stage.")
+    parser.add_argument("stage", choices=sorted(STAGE_CONFIGS), help="Which stage to run.")
+    parser.add_argument("--config", help="Stage config YAML.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="Override a config field by its dotted key, e.g. --set optimizer.lr=1e-4 (repeatable).")
+    parser.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+                        help="Save and exit after optimizer step N, as a preemption would; rerun to resume.")
+    parser.add_argument("--help-config", action="store_true", help="List every config field of the stage and exit.")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.help_config:
+        print("\n".join(describe_fields(STAGE_CONFIGS[args.stage])))
+        return 0
+    if not args.config:
+        print("error: --config is required", file=sys.stderr)
+        return 2
+    setup_logging(read_distributed_env())
+    try:
+        from trainer.stages import run_stage
+
+        config = load_config(args.stage, args.config, args.overrides)
+        run_stage(config, stop_after_steps=args.stop_after_steps)
+    except AlignflowError as err:
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""One module per algorithm: its loss functions and its `Objective` (forward + loss on a micro-batch).
+
+`trainer.algorithms.update.train_step` is the single update step every trainer path calls.
+"""

@@ -1,0 +1,112 @@
+"""Direct preference optimisation and its variants, on chosen/rejected pairs.
+
+With policy log-ratios  h = (log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - log ref(y_l|x)):
+
+- `sigmoid` (Rafailov et al. 2023, eq. 7), with label smoothing eps (conservative DPO,
+  Mitchell 2023):  -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
+- `ipo` (Azar et al. 2023, eq. 17):  (h - 1 / (2 beta))^2, on summed sequence log-probs as in
+  the paper (TRL averages them per token instead).
+- `simpo` (Meng et al. 2024, eq. 6): reference-free and length-normalised,
+  -log sigmoid(beta (avg log pi(y_w|x) - avg log pi(y_l|x)) - gamma)
+
+`reference_free` replaces the reference log-probs with 0. Chosen and rejected rows go through the
+model in one forward pass (`pad_preference` stacks them).
+
+Logged metrics: `loss`, `rewards/chosen`, `rewards/rejected` (beta times the log-ratio),
+`rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.algorithms.common import LossOutput, sequence_logps
+
+
+def sigmoid_preference_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float,
+                            label_smoothing: float = 0.0) -> Tensor:
+    """DPO loss per pair. Inputs (B,) policy-minus-reference log-ratios; returns (B,)."""
+    margins = beta * (chosen_logratios - rejected_logratios)  # (B,)
+    return -(1 - label_smoothing) * F.logsigmoid(margins) - label_smoothing * F.logsigmoid(-margins)
+
+
+def ipo_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float) -> Tensor:
+    """IPO loss per pair (Azar et al. 2023, eq. 17). Inputs (B,); returns (B,)."""
+    return (chosen_logratios - rejected_logratios - 1 / (2 * beta)) ** 2
+
+
+def simpo_loss(chosen_avg_logps: Tensor, rejected_avg_logps: Tensor, *, beta: float, gamma: float) -> Tensor:
+    """SimPO loss per pair (Meng et al. 2024, eq. 6). Inputs (B,) per-token mean log-probs; returns (B,)."""
+    return -F.logsigmoid(beta * (chosen_avg_logps - rejected_avg_logps) - gamma)
+
+
+class DPOObjective:
+    """Forward pass and loss of one preference micro-batch.
+
+    Args:
+        beta: beta of the DPO paper (> 0).
+        loss_type: `sigmoid`, `ipo` or `simpo`.
+        label_smoothing: Conservative-DPO eps (sigmoid only).
+        simpo_gamma: SimPO's target margin gamma.
+        ref_model: Frozen reference; None when reference log-probs come with the batch
+            (`ref_logps`, precomputed) or when the loss needs none (reference-free, SimPO).
+    """
+
+    def __init__(self, *, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+                 simpo_gamma: float = 0.5, ref_model: nn.Module | None = None) -> None:
+        self.beta = beta
+        self.loss_type = loss_type
+        self.label_smoothing = label_smoothing
+        self.simpo_gamma = simpo_gamma
+        self.ref_model = ref_model
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss_type != "simpo"
+
+    def count_units(self, batch: dict[str, Tensor]) -> Tensor:
+        return torch.tensor(float(batch["input_ids"].shape[0] // 2))
+
+    def reference_logps(self, batch: dict[str, Tensor]) -> Tensor:
+        """(2B,) reference log-probs: precomputed, from the reference model, or 0 (reference-free)."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"]
+        if self.ref_model is None or not self.needs_reference:
+            return torch.zeros(batch["input_ids"].shape[0], device=batch["input_ids"].device)
+        with torch.no_grad():
+            logits = self.ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                    use_cache=False).logits
+            return sequence_logps(logits, batch["labels"])[0]
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logps, num_tokens = sequence_logps(logits, batch["labels"])  # (2B,), (2B,)
+        chosen_logps, rejected_logps = logps.chunk(2)  # (B,) each
+        if self.loss_type == "simpo":
+            chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)
+            chosen_rewards = self.beta * chosen_logps / chosen_tokens
+            rejected_rewards = self.beta * rejected_logps / rejected_tokens
+            losses = simpo_loss(chosen_logps / chosen_tokens, rejected_logps / rejected_tokens,
+                                beta=self.beta, gamma=self.simpo_gamma)
+        else:
+            ref_chosen, ref_rejected = self.reference_logps(batch).chunk(2)
+            chosen_logratios, rejected_logratios = chosen_logps - ref_chosen, rejected_logps - ref_rejected
+            chosen_rewards, rejected_rewards = self.beta * chosen_logratios, self.beta * rejected_logratios
+            if self.loss_type == "ipo":
+                losses = ipo_loss(chosen_logratios, rejected_logratios, beta=self.beta)
+            else:
+                losses = sigmoid_preference_loss(chosen_logratios, rejected_logratios, beta=self.beta,
+                                                 label_smoothing=self.label_smoothing)
+        chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
+        stats = {
+            "loss": losses.detach().sum(),
+            "rewards/chosen": chosen_rewards.sum(),
+            "rewards/rejected": rejected_rewards.sum(),
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).float().sum(),
+            "rewards/margins": (chosen_rewards - rejected_rewards).sum(),
+            "logps/chosen": chosen_logps.detach().sum(),
+            "logps/rejected": rejected_logps.detach().sum(),
+        }
+        return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)

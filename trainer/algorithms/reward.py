@@ -1,0 +1,58 @@
+"""Reward modelling: a scalar head read at the last non-pad token, trained with Bradley-Terry.
+
+Loss per pair (Ouyang et al. 2022, eq. 1; margin as in Llama 2, Touvron et al. 2023, eq. 2):
+    -log sigmoid(r_chosen - r_rejected - margin)
+
+Logged metrics: `loss`, `accuracy` (share of pairs with r_chosen > r_rejected),
+`rewards/chosen`, `rewards/rejected`, `rewards/margins` (mean r_chosen - r_rejected).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.algorithms.common import LossOutput
+
+
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, margin: Tensor | None = None) -> Tensor:
+    """Per-pair Bradley-Terry loss. Inputs (B,); returns (B,)."""
+    difference = chosen_rewards - rejected_rewards  # (B,)
+    if margin is not None:
+        difference = difference - margin
+    return -F.logsigmoid(difference)
+
+
+def last_token_values(values: Tensor, attention_mask: Tensor) -> Tensor:
+    """Value at the last non-pad token of each right-padded row. (B, T), (B, T) -> (B,)."""
+    last = attention_mask.sum(-1).long() - 1  # (B,)
+    return values.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1)
+
+
+class RewardObjective:
+    """Scores chosen and rejected rows of a preference batch in one forward pass."""
+
+    def __init__(self, *, use_margin: bool = True) -> None:
+        self.use_margin = use_margin
+
+    def count_units(self, batch: dict[str, Tensor]) -> Tensor:
+        return torch.tensor(float(batch["margin"].shape[0]))
+
+    def score(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        values = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])  # (2B, T)
+        rewards = last_token_values(values, batch["attention_mask"]).float()  # (2B,)
+        return rewards.chunk(2)
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        chosen, rejected = self.score(model, batch)  # (B,), (B,)
+        losses = bradley_terry_loss(chosen, rejected, batch["margin"] if self.use_margin else None)
+        detached = (chosen - rejected).detach()
+        stats = {
+            "loss": losses.detach().sum(),
+            "accuracy": (detached > 0).float().sum(),
+            "rewards/chosen": chosen.detach().sum(),
+            "rewards/rejected": rejected.detach().sum(),
+            "rewards/margins": detached.sum(),
+        }
+        return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)

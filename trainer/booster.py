@@ -1,0 +1,217 @@
+"""Booster and plugins: how a model, its optimizer and its checkpoints meet a parallelism.
+
+The interface is shaped like `colossalai.booster.Booster` (boost, backward, no_sync,
+save/load of model, optimizer and lr scheduler) so the trainers can be handed a real ColossalAI
+booster. Plugins say where the process stands (world size, rank, device) and how to wrap a model:
+
+- `SinglePlugin`: one process, CPU or one GPU.
+- `DDPPlugin`: `DistributedDataParallel`; gloo on CPU, nccl on GPU.
+- `FSDP2Plugin`: `torch.distributed.fsdp.fully_shard` per decoder layer and at the root.
+- `ColossalAIPlugin`: delegates to ColossalAI's `TorchDDPPlugin` (optional extra, see README).
+
+Checkpoints hold *full* (unsharded) state dicts in one file each, written by rank 0 and read by
+every rank, so a checkpoint written under one plugin or world size loads under another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from trainer.errors import ConfigError
+from trainer.runtime import DistributedEnv, barrier
+
+logger = logging.getLogger(__name__)
+
+_FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class Plugin:
+    """One process's place in the run and the way it wraps a model. Subclasses override `wrap_model`."""
+
+    needs_gpu = False
+
+    def __init__(self, env: DistributedEnv, device: torch.device) -> None:
+        self.env = env
+        self.device = device
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.env.is_main_process
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Skip the gradient all-reduce for a micro-batch that is not the last of a step."""
+        return contextlib.nullcontext()
+
+
+class SinglePlugin(Plugin):
+    pass
+
+
+class DDPPlugin(Plugin):
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return model.no_sync()
+
+
+class FSDP2Plugin(Plugin):
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        # Shard each decoder layer on its own so only one layer's full weights exist at a time,
+        # then the root for embeddings, norm and heads.
+        for module in model.modules():
+            layers = getattr(module, "layers", None)
+            if isinstance(layers, nn.ModuleList):
+                for layer in layers:
+                    fully_shard(layer)
+        fully_shard(model)
+        return model
+
+
+class ColossalAIPlugin(Plugin):
+    """ColossalAI's `TorchDDPPlugin` behind this interface (the one ColossalAI plugin that runs on CPU)."""
+
+    def __init__(self, env: DistributedEnv, device: torch.device) -> None:
+        super().__init__(env, device)
+        try:
+            from colossalai.booster import Booster as ColossalBooster
+            from colossalai.booster.plugin import TorchDDPPlugin
+        except ImportError as err:
+            raise ConfigError(
+                "parallel.plugin is 'colossalai' but colossalai is not installed; "
+                "install the `colossalai` extra (it pins torch<=2.5.1, see README)"
+            ) from err
+        self.colossal_booster = ColossalBooster(plugin=TorchDDPPlugin())
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        wrapped, *_ = self.colossal_booster.boost(model)
+        return wrapped
+
+
+PLUGINS: dict[str, type[Plugin]] = {
+    "single": SinglePlugin,
+    "ddp": DDPPlugin,
+    "fsdp2": FSDP2Plugin,
+    "colossalai": ColossalAIPlugin,
+}
+
+
+def make_plugin(name: str, env: DistributedEnv, device: torch.device) -> Plugin:
+    """Build the plugin named by `parallel.plugin`; `auto` is ddp with several processes, else single."""
+    if name == "auto":
+        name = "ddp" if env.is_distributed else "single"
+    if name == "single" and env.is_distributed:
+        raise ConfigError(f"parallel.plugin is 'single' but WORLD_SIZE is {env.world_size}; use ddp or fsdp2")
+    return PLUGINS[name](env, device)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP (or ColossalAI) wrapper; FSDP2 shards in place, so it is the model."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+class Booster:
+    """Applies a plugin to a model and its training objects, and saves and loads their state.
+
+    Args:
+        plugin: Where this process stands and how models are wrapped.
+        mixed_precision: `bf16` for bfloat16 autocast, `no` for fp32; `auto` picks bf16 on
+            CUDA devices that support it.
+    """
+
+    def __init__(self, plugin: Plugin, mixed_precision: str = "auto") -> None:
+        self.plugin = plugin
+        device = plugin.device
+        if mixed_precision == "auto":
+            mixed_precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+        self.autocast_dtype = torch.bfloat16 if mixed_precision == "bf16" else None
+        self._model_of_optimizer: dict[int, nn.Module] = {}
+
+    def boost(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, criterion: Any = None,
+              dataloader: Any = None, lr_scheduler: Any = None) -> tuple:
+        """Move the model to the device and wrap it. The optimizer must be built on the wrapped model.
+
+        Returns:
+            (model, optimizer, criterion, dataloader, lr_scheduler), as ColossalAI's booster does.
+        """
+        model = self.plugin.wrap_model(model.to(self.plugin.device))
+        if optimizer is not None:
+            self._model_of_optimizer[id(optimizer)] = model
+        return model, optimizer, criterion, dataloader, lr_scheduler
+
+    def register_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Tie an optimizer built after `boost` to its model, for saving and loading its state."""
+        self._model_of_optimizer[id(optimizer)] = model
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.plugin.device.type, dtype=self.autocast_dtype)
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer | None = None) -> None:
+        loss.backward()
+
+    def no_sync(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+        return self.plugin.no_sync(model)
+
+    # -- checkpoints: full state dicts, written by rank 0, read by every rank ----------------------
+
+    def _write(self, obj: Any, checkpoint: str | Path) -> None:
+        if self.plugin.is_main_process:
+            torch.save(obj, checkpoint)
+        barrier()
+
+    def save_model(self, model: nn.Module, checkpoint: str | Path, **_: Any) -> None:
+        self._write(get_model_state_dict(model, options=_FULL_STATE), checkpoint)
+
+    def load_model(self, model: nn.Module, checkpoint: str | Path, strict: bool = True, **_: Any) -> None:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    def save_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
+        model = self._model_of_optimizer[id(optimizer)]
+        self._write(get_optimizer_state_dict(model, optimizer, options=_FULL_STATE), checkpoint)
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
+        model = self._model_of_optimizer[id(optimizer)]
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | Path) -> None:
+        self._write(lr_scheduler.state_dict(), checkpoint)
+
+    def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | Path) -> None:
+        lr_scheduler.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The unsharded weights on CPU (a collective: every rank must call it)."""
+        return get_model_state_dict(model, options=_FULL_STATE)

@@ -1,0 +1,270 @@
+"""Typed stage configs, loaded from YAML with `--set key=value` overrides.
+
+Each stage has one config class built from shared sections. Every field carries exactly one
+description (`Field(description=...)`), which `python -m trainer <stage> --help-config` prints.
+Unknown keys, wrong types and missing fields fail at load time with one `ConfigError` that names
+the dotted key and, when the value came from a file, `path:line`.
+
+Storage and tracking sections arrive with their own issue; this module only knows local paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Section):
+    r: int = Field(8, gt=0, description="LoRA rank of the adapter matrices.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (alpha / r scales the update).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input, in [0, 1).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names of the linear modules that receive an adapter.",
+    )
+
+
+class ModelConfig(Section):
+    path: str = Field(description="Local directory of a Hugging Face causal LM and its tokenizer.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="Attention kernel of the HF model.")
+    lora: LoraConfig | None = Field(None, description="Train a LoRA adapter (needs the `lora` extra); null trains all weights.")
+
+
+class DataConfig(Section):
+    train_path: str = Field(description="Training data: a .jsonl or .parquet file, or a local HF `datasets` directory.")
+    eval_path: str | None = Field(None, description="Held-out data in the same schema; null skips evaluation.")
+    max_length: int = Field(512, gt=0, description="Longest tokenized sample in tokens; longer samples are truncated.")
+    skip_bad_rows: bool = Field(
+        False, description="Skip and count invalid rows instead of failing on the first one (which names file:line)."
+    )
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay of AdamW.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Clip the global gradient norm to this; 0 disables clipping.")
+    scheduler: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup length in optimizer steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr`.")
+
+
+class TrainConfig(Section):
+    max_epochs: int = Field(1, gt=0, description="Passes over the training data.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps; null runs all epochs.")
+    micro_batch_size: int = Field(8, gt=0, description="Samples (or pairs) per rank per forward pass.")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    seed: int = Field(42, description="Seeds model init, data order and sampling; the same seed repeats a run.")
+    mixed_precision: Literal["auto", "bf16", "no"] = Field(
+        "auto", description="bf16 autocast; `auto` uses it on CUDA devices that support it and fp32 elsewhere."
+    )
+    log_interval: int = Field(10, gt=0, description="Log metrics every this many optimizer steps.")
+
+
+class CheckpointConfig(Section):
+    save_interval: int = Field(0, ge=0, description="Save every this many optimizer steps; 0 saves at epoch ends only.")
+    resume: bool = Field(True, description="Resume from the latest complete checkpoint in `output_dir` if there is one.")
+    keep_last: int = Field(2, ge=0, description="Checkpoints to keep; older ones are deleted after a newer one is complete. 0 keeps all.")
+
+
+class ParallelConfig(Section):
+    plugin: Literal["auto", "single", "ddp", "fsdp2", "colossalai"] = Field(
+        "auto", description="Booster plugin: `auto` is ddp under torchrun with more than one process, else single."
+    )
+
+
+class StageConfig(Section):
+    output_dir: str = Field(description="Directory for checkpoints, metrics and the final HF model (`<output_dir>/model`).")
+    model: ModelConfig
+    data: DataConfig
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and schedule.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Loop sizes, seed and precision.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Saving and resuming.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Distribution across processes.")
+
+
+class SFTOptions(Section):
+    packing: bool = Field(
+        True, description="Concatenate each micro-batch into one padding-free row; samples never attend to each other."
+    )
+
+
+class SFTConfig(StageConfig):
+    sft: SFTOptions = Field(default_factory=SFTOptions, description="Supervised fine-tuning options.")
+
+
+class RewardOptions(Section):
+    use_margin: bool = Field(
+        True, description="Subtract a row's `margin` field inside the Bradley-Terry loss when the data has one."
+    )
+
+
+class RewardConfig(StageConfig):
+    rm: RewardOptions = Field(default_factory=RewardOptions, description="Reward model options.")
+
+
+class DPOOptions(Section):
+    beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
+    loss_type: Literal["sigmoid", "ipo", "simpo"] = Field(
+        "sigmoid", description="`sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Assumed fraction of flipped labels (conservative DPO); sigmoid loss only."
+    )
+    simpo_gamma: float = Field(0.5, ge=0, description="Target reward margin of SimPO (gamma / beta in the paper).")
+    reference_free: bool = Field(False, description="Use a uniform reference (log-prob 0) instead of a reference model.")
+    precompute_ref_log_probs: bool = Field(
+        False, description="Compute reference log-probs once before training and free the reference model."
+    )
+    ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> DPOOptions:
+        if self.label_smoothing > 0 and self.loss_type != "sigmoid":
+            raise ValueError(
+                f"label_smoothing is {self.label_smoothing} but loss_type is {self.loss_type!r}; "
+                "label smoothing applies to the sigmoid loss only"
+            )
+        return self
+
+
+class DPOConfig(StageConfig):
+    dpo: DPOOptions = Field(default_factory=DPOOptions, description="DPO loss options.")
+
+
+STAGE_CONFIGS: dict[str, type[StageConfig]] = {"sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _key_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
+    """Map each dotted key path of a composed YAML document to its 1-based line."""
+    lines: dict[tuple, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = prefix + (key_node.value,)
+            lines[path] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, path))
+    return lines
+
+
+def _read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from err
+    try:
+        data = yaml.safe_load(text) or {}
+        root = yaml.compose(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: expected a mapping of sections at the top, found {type(data).__name__}")
+    return data, _key_lines(root) if root is not None else {}
+
+
+def _apply_override(data: dict, override: str) -> tuple:
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {override!r}: expected key=value, e.g. --set optimizer.lr=1e-4")
+    parts = tuple(key.strip().split("."))
+    target = data
+    for part in parts[:-1]:
+        child = target.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+        target = child
+    try:
+        target[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from err
+    return parts
+
+
+def _describe(error: dict, path: Path | None, lines: dict[tuple, int], overridden: set[tuple]) -> str:
+    loc = tuple(str(part) for part in error["loc"])
+    dotted = ".".join(loc) or "<top>"
+    if loc in overridden:
+        where = f"--set {dotted}"
+    else:
+        # Missing fields have no line of their own: point at the nearest enclosing key.
+        line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
+        where = f"{path}:{line}" if path and line else str(path or "config")
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key {dotted}"
+    if kind == "missing":
+        return f"{where}: missing required field {dotted}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {dotted} is {error.get('input')!r}, expected: {message}"
+
+
+def build_config(stage: str, data: dict, *, path: Path | None = None, lines: dict | None = None,
+                 overridden: set[tuple] = frozenset()) -> StageConfig:
+    """Validate a raw mapping into the stage's config class, or raise one ConfigError."""
+    if stage not in STAGE_CONFIGS:
+        raise ConfigError(f"unknown stage {stage!r}, expected one of {sorted(STAGE_CONFIGS)}")
+    try:
+        return STAGE_CONFIGS[stage].model_validate(data)
+    except ValidationError as err:
+        problems = [_describe(e, path, lines or {}, overridden) for e in err.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems)) from None
+
+
+def load_config(stage: str, path: str | Path, overrides: list[str] = ()) -> StageConfig:
+    """Read a stage config from YAML, apply `key=value` overrides, validate.
+
+    Args:
+        stage: One of `sft`, `rm`, `dpo`.
+        path: YAML file with the config sections.
+        overrides: `dotted.key=value` strings; values are parsed as YAML scalars.
+
+    Returns:
+        The validated config of the stage.
+
+    Raises:
+        ConfigError: naming the file:line or `--set` flag and the dotted key at fault.
+    """
+    path = Path(path)
+    data, lines = _read_yaml(path)
+    overridden = {_apply_override(data, item) for item in overrides}
+    return build_config(stage, data, path=path, lines=lines, overridden=overridden)
+
+
+def describe_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One `dotted.key (type, default): description` line per field, for `--help-config`."""
+    out = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, Section):
+            out.extend(describe_fields(annotation, f"{prefix}{name}."))
+            continue
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        out.append(f"{prefix}{name} ({default}): {field.description}")
+    return out
+
+
+def dump_config(config: StageConfig, path: Path) -> None:
+    """Write the resolved config next to the run's outputs, so a run can be repeated."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def as_dict(config: StageConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")

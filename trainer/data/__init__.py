@@ -1,0 +1,1 @@
+"""Datasets: reading rows from files, checking their schema, tokenizing, batching, sampling."""

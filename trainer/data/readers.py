@@ -1,0 +1,66 @@
+"""Read rows from JSONL, Parquet or a local HF `datasets` directory, each with its location.
+
+Every row comes with a `where` string (`file:line` for JSONL, `file:row N` otherwise) so a later
+schema error can point at it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainer.errors import DataError
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[str, object]]:
+    """Yield `(where, row)` pairs. A row that is not valid JSON is yielded as a DataError instance."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory")
+    if path.is_dir():
+        yield from _iter_hf_directory(path)
+    elif path.suffix == ".jsonl" or path.suffix == ".json":
+        yield from _iter_jsonl(path)
+    elif path.suffix == ".parquet":
+        yield from _iter_parquet(path)
+    else:
+        raise DataError(f"{path}: unsupported data format {path.suffix!r}; expected .jsonl, .parquet or a datasets directory")
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, object]]:
+    with path.open() as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as err:
+                yield where, DataError(f"{where}: invalid JSON: {err.msg} at column {err.colno}")
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several unrelated types for a bad file
+        raise DataError(f"{path}: cannot read Parquet: {err}") from err
+    for number, row in enumerate(table.to_pylist(), start=1):
+        yield f"{path}:row {number}", row
+
+
+def _iter_hf_directory(path: Path) -> Iterator[tuple[str, object]]:
+    import datasets
+
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises FileNotFoundError or its own errors
+        raise DataError(f"{path}: not a saved HF datasets directory: {err}") from err
+    if isinstance(dataset, datasets.DatasetDict):
+        if "train" not in dataset:
+            raise DataError(f"{path}: DatasetDict without a 'train' split (splits: {sorted(dataset)})")
+        dataset = dataset["train"]
+    for number, row in enumerate(dataset, start=1):
+        yield f"{path}:row {number}", row

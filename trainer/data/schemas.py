@@ -1,0 +1,78 @@
+"""Row schemas of the three dataset kinds, checked before tokenization.
+
+- SFT: `messages` (a list of `{role, content}` with at least one assistant turn), or
+  `prompt` + `completion` (both strings, or both lists of messages).
+- preference: `prompt`, `chosen`, `rejected` (strings, or lists of messages); optional number `margin`.
+- prompts: `prompt` (string or messages); optional `answer` (string).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _check_messages(value: Any, field: str) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"{field} must be a non-empty list of messages"
+    for index, message in enumerate(value):
+        if not isinstance(message, dict) or set(message) - {"role", "content"} or "role" not in message:
+            return f"{field}[{index}] must be an object with 'role' and 'content'"
+        if message["role"] not in ROLES:
+            return f"{field}[{index}].role is {message['role']!r}, expected one of {list(ROLES)}"
+        if not isinstance(message.get("content"), str):
+            return f"{field}[{index}].content must be a string"
+    return None
+
+
+def _check_text_or_messages(row: dict, field: str) -> str | None:
+    value = row.get(field)
+    if value is None:
+        return f"missing field {field!r}"
+    if isinstance(value, str):
+        return None if value else f"{field} is empty"
+    return _check_messages(value, field)
+
+
+def check_sft_row(row: Any) -> str | None:
+    """Return why `row` is not a valid SFT row, or None."""
+    if not isinstance(row, dict):
+        return f"expected an object, found {type(row).__name__}"
+    if "messages" in row:
+        problem = _check_messages(row["messages"], "messages")
+        if problem is None and not any(m["role"] == "assistant" for m in row["messages"]):
+            problem = "messages has no assistant turn to train on"
+        return problem
+    if "prompt" in row or "completion" in row:
+        problem = _check_text_or_messages(row, "prompt") or _check_text_or_messages(row, "completion")
+        if problem is None and isinstance(row["prompt"], str) != isinstance(row["completion"], str):
+            problem = "prompt and completion must both be strings or both be message lists"
+        return problem
+    return "expected 'messages', or 'prompt' and 'completion'"
+
+
+def check_preference_row(row: Any) -> str | None:
+    """Return why `row` is not a valid preference row, or None."""
+    if not isinstance(row, dict):
+        return f"expected an object, found {type(row).__name__}"
+    for field in ("prompt", "chosen", "rejected"):
+        problem = _check_text_or_messages(row, field)
+        if problem:
+            return problem
+    if len({isinstance(row[f], str) for f in ("prompt", "chosen", "rejected")}) > 1:
+        return "prompt, chosen and rejected must all be strings or all be message lists"
+    margin = row.get("margin")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+        return f"margin is {margin!r}, expected a number"
+    return None
+
+
+def check_prompt_row(row: Any) -> str | None:
+    """Return why `row` is not a valid prompt row, or None."""
+    if not isinstance(row, dict):
+        return f"expected an object, found {type(row).__name__}"
+    problem = _check_text_or_messages(row, "prompt")
+    if problem is None and row.get("answer") is not None and not isinstance(row["answer"], str):
+        problem = f"answer is {row['answer']!r}, expected a string"
+    return problem

@@ -1,0 +1,157 @@
+"""Loading models and tokenizers from local paths, the value-head wrapper, LoRA and HF export.
+
+Models load from local directories only (`local_files_only=True`): nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trainer.config import ModelConfig
+from trainer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+VALUE_HEAD_MARKER = "alignflow_value_model.json"
+
+
+def _check_path(path: str) -> Path:
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"model.path: {path} is not a local Hugging Face model directory (no config.json)")
+    return directory
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer saved beside the model; a pad token is borrowed from EOS if it has none."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(_check_path(path)), local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(config: ModelConfig, path: str | None = None) -> nn.Module:
+    """An `AutoModelForCausalLM` from `path` (default `config.path`), with the config's options applied."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(_check_path(path or config.path)), local_files_only=True,
+        attn_implementation=config.attn_implementation, dtype=torch.float32,
+    )
+    return _apply_options(model, config)
+
+
+def load_value_model(config: ModelConfig, path: str | None = None) -> ValueHeadModel:
+    """A causal LM backbone with a scalar head; the head is restored if `path` was saved as one."""
+    from transformers import AutoModel
+
+    directory = _check_path(path or config.path)
+    backbone = AutoModel.from_pretrained(
+        str(directory), local_files_only=True, attn_implementation=config.attn_implementation, dtype=torch.float32
+    )
+    model = ValueHeadModel(backbone)
+    if (directory / VALUE_HEAD_FILE).is_file():
+        model.head.load_state_dict({k.removeprefix("head."): v for k, v in load_file(directory / VALUE_HEAD_FILE).items()})
+    return _apply_options(model, config)
+
+
+def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:
+    if config.gradient_checkpointing:
+        target = model.backbone if isinstance(model, ValueHeadModel) else model
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        target.config.use_cache = False
+    if config.lora is not None:
+        model = apply_lora(model, config)
+    return model
+
+
+def apply_lora(model: nn.Module, config: ModelConfig) -> nn.Module:
+    """Freeze the model and add LoRA adapters (PEFT) to `config.lora.target_modules`."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
+    except ImportError as err:
+        raise ConfigError("model.lora is set but peft is not installed; install the `lora` extra") from err
+    lora = config.lora
+    peft_config = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                 target_modules=lora.target_modules)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    model = inject_adapter_in_model(peft_config, model)
+    if isinstance(model, ValueHeadModel):
+        model.head.requires_grad_(True)  # a fresh head must always train
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise ConfigError(f"model.lora.target_modules {lora.target_modules} matched no module of {config.path}")
+    return model
+
+
+def merge_lora_state(state: dict[str, torch.Tensor], alpha_over_r: float) -> dict[str, torch.Tensor]:
+    """Fold `lora_A`/`lora_B` weights into their base linear weights and drop the adapter keys."""
+    merged = {k: v for k, v in state.items() if ".lora_" not in k}
+    for key in [k for k in state if k.endswith(".lora_A.default.weight")]:
+        prefix = key.removesuffix(".lora_A.default.weight")
+        delta = state[f"{prefix}.lora_B.default.weight"] @ state[key]
+        base_key = f"{prefix}.base_layer.weight" if f"{prefix}.base_layer.weight" in state else f"{prefix}.weight"
+        merged.pop(base_key, None)
+        merged[f"{prefix}.weight"] = state[base_key] + alpha_over_r * delta
+    for key in [k for k in merged if ".base_layer." in k]:
+        merged[key.replace(".base_layer.", ".")] = merged.pop(key)
+    return merged
+
+
+class ValueHeadModel(nn.Module):
+    """A transformer backbone with a linear head giving one scalar per token.
+
+    Used as the reward model (score = value at the last non-pad token) and, later, the PPO critic.
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        self.head = nn.Linear(backbone.config.hidden_size, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / (backbone.config.hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Per-token values (B, T)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+        return self.head(hidden.last_hidden_state).squeeze(-1)  # (B, T)
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+
+def export_model(model: nn.Module, state: dict[str, torch.Tensor], tokenizer: Any, directory: Path,
+                 lora_scale: float | None = None) -> None:
+    """Write an HF directory (weights, config, tokenizer) that `from_pretrained` can load.
+
+    Args:
+        model: The unwrapped model whose class and config describe `state`.
+        state: Full (unsharded) state dict on CPU.
+        tokenizer: Saved beside the weights.
+        directory: Target directory; created if missing.
+        lora_scale: alpha / r when the state holds LoRA adapters, which are merged into the weights.
+    """
+    if lora_scale is not None:
+        state = merge_lora_state(state, lora_scale)
+    directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, ValueHeadModel):
+        backbone_state = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+        model.backbone.save_pretrained(directory, state_dict=backbone_state)
+        save_file({k: v.contiguous() for k, v in state.items() if k.startswith("head.")}, directory / VALUE_HEAD_FILE)
+        (directory / VALUE_HEAD_MARKER).write_text(json.dumps({"head": VALUE_HEAD_FILE}))
+    else:
+        model.save_pretrained(directory, state_dict=state)
+    tokenizer.save_pretrained(directory)

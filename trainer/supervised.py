@@ -1,0 +1,186 @@
+"""`SupervisedTrainer`: the SLTrainer loop shared by SFT, reward modelling and DPO.
+
+The stages differ only in their model, data and `Objective`; this loop batches, accumulates,
+steps (through `algorithms.update.train_step`), logs, evaluates and saves for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from trainer.algorithms.update import Objective, evaluate, train_step
+from trainer.base import SLTrainer
+from trainer.booster import Booster, Plugin
+from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.config import StageConfig
+from trainer.data.sampler import ResumableSampler
+from trainer.runtime import all_reduce_sum
+from trainer.tracking import Tracker
+
+logger = logging.getLogger(__name__)
+
+
+class StopTraining(Exception):
+    """Raised inside the loop to end `fit` after a checkpoint (max_steps or a requested stop)."""
+
+
+def steps_per_epoch(num_samples: int, world_size: int, micro_batch_size: int, accumulation: int) -> int:
+    micro_batches = math.ceil((num_samples // world_size) / micro_batch_size)
+    return math.ceil(micro_batches / accumulation)
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Real (non-pad) tokens of a batch: packed rows have no padding at all."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
+class SupervisedTrainer(SLTrainer):
+    """Trains one model on a fixed dataset with a given objective.
+
+    Args:
+        booster, max_epochs, model, optimizer, plugin, start_epoch: As in `SLTrainer`.
+        scheduler: Learning-rate scheduler stepped once per optimizer step.
+        objective: Forward + loss of one micro-batch.
+        config: The stage config (loop sizes, intervals).
+        train_examples, eval_examples: Encoded examples; `eval_examples` may be None.
+        collate: Turns a list of examples into a batch of tensors.
+        checkpoints: Saves and restores the run.
+        tracker: Receives params and metrics (a no-op on ranks other than 0).
+        stop_after_steps: End after this global step, with a checkpoint, as a preemption would.
+    """
+
+    def __init__(self, booster: Booster, max_epochs: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 plugin: Plugin, start_epoch: int = 0, *, scheduler: Any, objective: Objective,
+                 config: StageConfig, train_examples: list[dict], eval_examples: list[dict] | None,
+                 collate: Callable[[list[dict]], dict], checkpoints: CheckpointManager, tracker: Tracker,
+                 stop_after_steps: int | None = None) -> None:
+        super().__init__(booster, max_epochs, model, optimizer, plugin, start_epoch)
+        self.scheduler = scheduler
+        self.objective = objective
+        self.config = config
+        self.train_examples = train_examples
+        self.eval_examples = eval_examples
+        self.collate = collate
+        self.checkpoints = checkpoints
+        self.tracker = tracker
+        self.stop_after_steps = stop_after_steps
+        self.global_step = 0
+        self.last_saved_step = -1
+        self.last_metrics: dict[str, float] = {}
+        self.eval_metrics: dict[str, float] = {}
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def _loader(self, examples: list[dict], sampler: ResumableSampler) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(examples, batch_size=self.config.train.micro_batch_size,
+                                           sampler=sampler, collate_fn=self.collate)
+
+    def _before_fit(self) -> None:
+        world, rank = self.plugin.world_size, self.plugin.rank
+        self.train_sampler = ResumableSampler(len(self.train_examples), world, rank, shuffle=True,
+                                              seed=self.config.train.seed)
+        self.train_loader = self._loader(self.train_examples, self.train_sampler)
+        self.eval_loader = None
+        if self.eval_examples:
+            self.eval_loader = self._loader(self.eval_examples, ResumableSampler(len(self.eval_examples), world, rank,
+                                                                                 shuffle=False))
+        self.max_steps = self.config.train.max_steps or self.max_epochs * steps_per_epoch(
+            len(self.train_examples), world, self.config.train.micro_batch_size,
+            self.config.train.gradient_accumulation_steps)
+        is_tty = sys.stderr.isatty()
+        self.progress = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step",
+                             disable=not (self.plugin.is_main_process and is_tty), dynamic_ncols=True)
+
+    def restore(self, state: TrainerState) -> None:
+        """Continue from a checkpoint's loop position (model and optimizer are already loaded)."""
+        self.start_epoch = state.epoch
+        self.global_step = state.global_step
+        self.last_saved_step = state.global_step
+        self.start_sample_in_epoch = state.samples_in_epoch // self.plugin.world_size
+
+    # -- loop -------------------------------------------------------------------------------------
+
+    def _accumulation_groups(self):
+        """Yield lists of `gradient_accumulation_steps` micro-batches (the last may be shorter)."""
+        group = []
+        for batch in self.train_loader:
+            group.append(batch)
+            if len(group) == self.config.train.gradient_accumulation_steps:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    def _train(self, epoch: int) -> None:
+        self.model.train()
+        samples_seen = self.start_sample_in_epoch if epoch == self.start_epoch else 0
+        for group in self._accumulation_groups():
+            if self.global_step >= self.max_steps:
+                return  # reached mid-epoch; that step was saved
+            started = time.perf_counter()
+            metrics = train_step(self.booster, self.model, self.optimizer, self.scheduler, group, self.objective,
+                                 self.config.optimizer.max_grad_norm)
+            samples_seen += sum(batch["num_samples"] for batch in group)
+            self.global_step += 1
+            self._record(metrics, group, time.perf_counter() - started)
+            state = TrainerState(epoch=epoch, global_step=self.global_step,
+                                 samples_in_epoch=samples_seen * self.plugin.world_size,
+                                 world_size=self.plugin.world_size)
+            if self._should_save_now():
+                self._save(state)
+            if self.stop_after_steps is not None and self.global_step >= self.stop_after_steps:
+                self._save(state)
+                raise StopTraining(f"stopped after step {self.global_step} as requested")
+        self._save(TrainerState(epoch=epoch + 1, global_step=self.global_step, samples_in_epoch=0,
+                                world_size=self.plugin.world_size))
+
+    def _should_save_now(self) -> bool:
+        interval = self.config.checkpoint.save_interval
+        return (interval > 0 and self.global_step % interval == 0) or self.global_step == self.max_steps
+
+    def _save(self, state: TrainerState) -> None:
+        if self.last_saved_step == state.global_step:
+            return  # an epoch end that coincides with an interval save: resuming either way is the same
+        self.checkpoints.save(self.model, self.optimizer, self.scheduler, state)
+        self.last_saved_step = state.global_step
+
+    def _record(self, metrics: dict[str, float], group: list[dict], seconds: float) -> None:
+        local = torch.tensor([sum(count_tokens(b) for b in group),
+                              sum(b["num_samples"] for b in group)], dtype=torch.float64)
+        tokens, samples = all_reduce_sum(local).tolist()
+        metrics.update({"perf/tokens_per_second": tokens / seconds, "perf/samples_per_second": samples / seconds,
+                        "perf/step_time": seconds})
+        self.last_metrics = metrics
+        self.progress.update(1)
+        self.progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{tokens / seconds:.0f}")
+        if self.global_step % self.config.train.log_interval == 0 or self.global_step == self.max_steps:
+            self.tracker.log_metrics(metrics, self.global_step)
+            logger.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", self.global_step, self.max_steps,
+                        metrics["loss"], metrics["lr"], metrics["perf/tokens_per_second"])
+
+    def _eval(self, epoch: int) -> None:
+        if self.eval_loader is None:
+            return
+        metrics = evaluate(self.booster, self.model, self.eval_loader, self.objective)
+        self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        self.tracker.log_metrics(self.eval_metrics, self.global_step)
+        logger.info("epoch %d eval: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in self.eval_metrics.items()))
+
+    def _should_stop(self) -> bool:
+        return self.global_step >= self.max_steps
+
+    def fit(self) -> None:
+        try:
+            super().fit()
+        finally:
+            self.progress.close()

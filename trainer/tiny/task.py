@@ -1,0 +1,69 @@
+"""A small addition task whose answers can be checked.
+
+Prompts are `"a+b="` with single-digit operands and the answer is the decimal sum. SFT rows teach
+the format, preference rows prefer the correct sum over a near miss, and prompt rows carry the
+answer so a reward function (`check_answer`) can score generations for PPO/GRPO.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+
+def problems(max_operand: int = 9) -> list[tuple[str, str]]:
+    return [(f"{a}+{b}=", str(a + b)) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def check_answer(completion: str, answer: str) -> float:
+    """1.0 when the completion (up to the first end token or newline) is exactly the answer."""
+    text = completion.split("<|end|>")[0].split("\n")[0].strip()
+    return 1.0 if text == answer else 0.0
+
+
+def _near_miss(answer: str, rng: random.Random) -> str:
+    value = int(answer)
+    candidates = [value + d for d in (-3, -2, -1, 1, 2, 3, 10) if value + d >= 0]
+    return str(rng.choice(candidates))
+
+
+def sft_rows(max_operand: int = 9, chat: bool = False) -> list[dict]:
+    rows = []
+    for prompt, answer in problems(max_operand):
+        if chat:
+            rows.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
+        else:
+            rows.append({"prompt": prompt, "completion": answer})
+    return rows
+
+
+def preference_rows(num_per_problem: int, seed: int, max_operand: int = 9) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"prompt": prompt, "chosen": answer, "rejected": _near_miss(answer, rng)}
+        for prompt, answer in problems(max_operand)
+        for _ in range(num_per_problem)
+    ]
+
+
+def prompt_rows(max_operand: int = 9) -> list[dict]:
+    return [{"prompt": prompt, "answer": answer} for prompt, answer in problems(max_operand)]
+
+
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
+    """Write the task's datasets as JSONL files; returns their paths by name."""
+    directory = Path(directory)
+    return {
+        "sft_train": write_jsonl(sft_rows(), directory / "sft_train.jsonl"),
+        "sft_eval": write_jsonl(sft_rows()[::5], directory / "sft_eval.jsonl"),
+        "pref_train": write_jsonl(preference_rows(4, seed), directory / "pref_train.jsonl"),
+        "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
+        "prompts": write_jsonl(prompt_rows(), directory / "prompts.jsonl"),
+    }
