@@ -51,6 +51,14 @@ class RunContext:
 
 
 @dataclass(slots=True)
+class StageResult:
+    """What a finished (or stopped) stage leaves behind in the process: its metrics and trained model."""
+
+    metrics: dict[str, float]
+    model: nn.Module
+
+
+@dataclass(slots=True)
 class StageParts:
     model: nn.Module
     train_examples: list[dict]
@@ -154,8 +162,16 @@ PREPARE: dict[type, Callable[[Any, RunContext], StageParts]] = {
 # -- the run ------------------------------------------------------------------------------------
 
 
-def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> dict[str, float]:
-    """Train a supervised stage end to end; returns the final metrics (also in `final_metrics.json`)."""
+def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> StageResult:
+    """Train a supervised stage end to end: resume if possible, train, export `<output_dir>/model`.
+
+    Args:
+        config: The stage's validated config.
+        stop_after_steps: Save and return after this optimizer step (a simulated preemption).
+
+    Returns:
+        The final metrics (also written to `final_metrics.json`) and the trained (boosted) model.
+    """
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.supervised import steps_per_epoch
 
@@ -183,8 +199,8 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> dict[
             trainer.fit()
         except StopTraining as stop:
             logger.info("%s", stop)
-            return trainer.last_metrics
-        return _finish(context, model, trainer)
+            return StageResult(trainer.last_metrics, model)
+        return StageResult(_finish(context, model, trainer), model)
     finally:
         context.tracker.close()
 

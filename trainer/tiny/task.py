@@ -63,7 +63,7 @@ def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
     return {
         "sft_train": write_jsonl(sft_rows(), directory / "sft_train.jsonl"),
         "sft_eval": write_jsonl(sft_rows()[::5], directory / "sft_eval.jsonl"),
-        "pref_train": write_jsonl(preference_rows(4, seed), directory / "pref_train.jsonl"),
+        "pref_train": write_jsonl(preference_rows(8, seed), directory / "pref_train.jsonl"),
         "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
         "prompts": write_jsonl(prompt_rows(), directory / "prompts.jsonl"),
     }

@@ -1,0 +1,62 @@
+"""Shared fixtures: the tiny model and task written once per session, and config builders."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from trainer.config import StageConfig, build_config
+from trainer.tiny.model import write_tiny_model
+from trainer.tiny.task import write_task
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def task_files(tmp_path_factory) -> dict[str, Path]:
+    return write_task(tmp_path_factory.mktemp("task"))
+
+
+def merge(base: dict, updates: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval_file: Path | None = None,
+               **updates) -> dict:
+    """A small, fast config mapping for `stage`; `updates` are merged section by section."""
+    base = {
+        "output_dir": str(output_dir),
+        "model": {"path": str(model)},
+        "data": {"train_path": str(train_file), "eval_path": str(eval_file) if eval_file else None, "max_length": 32},
+        "optimizer": {"lr": 2e-3, "warmup_steps": 2},
+        "train": {"max_epochs": 1, "micro_batch_size": 10, "log_interval": 1000},
+        "checkpoint": {"keep_last": 0},
+    }
+    return merge(base, updates)
+
+
+def make_config(stage: str, *args, **updates) -> StageConfig:
+    return build_config(stage, stage_dict(stage, *args, **updates))
+
+
+@pytest.fixture(scope="session")
+def sft_model(tmp_path_factory, tiny_model, task_files) -> Path:
+    """The tiny model after SFT on the addition task: the start of the RM and DPO tests."""
+    from trainer.stages import run_stage
+
+    output = tmp_path_factory.mktemp("sft")
+    config = make_config("sft", output, tiny_model, task_files["sft_train"], task_files["sft_eval"],
+                         optimizer={"lr": 3e-3, "warmup_steps": 5}, train={"max_epochs": 60, "micro_batch_size": 16})
+    run_stage(config)
+    return output / "model"

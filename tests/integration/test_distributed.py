@@ -1,0 +1,84 @@
+"""Data parallelism on 2 CPU processes (torchrun, gloo): ranks agree, and match one process.
+
+One process with micro-batch 2b takes the same optimizer steps as two processes with b each (see
+`algorithms/update.py` for the loss normalisation and `ResumableSampler` for the sample split).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import stage_dict
+from trainer.config import build_config
+from trainer.stages import run_stage
+
+DRIVER = Path(__file__).with_name("torchrun_stage.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_torchrun(stage: str, config: dict, directory: Path) -> list[dict[str, torch.Tensor]]:
+    config_path = directory / f"{stage}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(DRIVER), stage, str(config_path), str(directory)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [torch.load(directory / f"rank{rank}.pt") for rank in range(2)]
+
+
+def run_single(stage: str, config: dict) -> dict[str, torch.Tensor]:
+    result = run_stage(build_config(stage, config))
+    return {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+
+
+def assert_states_close(left: dict, right: dict, **tolerance) -> None:
+    assert left.keys() == right.keys()
+    for key in left:
+        torch.testing.assert_close(left[key], right[key], msg=lambda m, key=key: f"{key}: {m}", **tolerance)
+
+
+@pytest.mark.parametrize("plugin", ["ddp", "fsdp2"])
+def test_two_ranks_agree_and_match_one_process_sft(plugin, tmp_path, tiny_model, task_files):
+    def config(name: str, micro_batch_size: int, plugin_name: str) -> dict:
+        return stage_dict("sft", tmp_path / name, tiny_model, task_files["sft_train"],
+                          train={"micro_batch_size": micro_batch_size, "gradient_accumulation_steps": 2},
+                          parallel={"plugin": plugin_name})
+
+    rank0, rank1 = run_torchrun("sft", config("two", 5, plugin), tmp_path)
+    single = run_single("sft", config("one", 10, "single"))
+
+    initial = load_file(tiny_model / "model.safetensors")
+
+    assert_states_close(rank0, rank1, rtol=0, atol=0)
+    assert_states_close(rank0, single, rtol=1e-4, atol=1e-5)
+    # Training really moved the weights, so agreement is not agreement of untouched copies.
+    assert not torch.allclose(rank0["model.embed_tokens.weight"], initial["model.embed_tokens.weight"], atol=1e-3)
+    assert (tmp_path / "two" / "model" / "config.json").is_file()
+
+
+def test_two_ranks_agree_and_match_one_process_dpo_with_precomputed_reference(tmp_path, tiny_model, task_files):
+    def config(name: str, micro_batch_size: int, plugin_name: str) -> dict:
+        return stage_dict("dpo", tmp_path / name, tiny_model, task_files["pref_eval"],
+                          train={"micro_batch_size": micro_batch_size}, parallel={"plugin": plugin_name},
+                          dpo={"precompute_ref_log_probs": True})
+
+    rank0, rank1 = run_torchrun("dpo", config("two", 5, "ddp"), tmp_path)
+    single = run_single("dpo", config("one", 10, "single"))
+
+    assert_states_close(rank0, rank1, rtol=0, atol=0)
+    assert_states_close(rank0, single, rtol=1e-4, atol=1e-5)
