@@ -14,6 +14,7 @@ template methods and the context-managed callbacks. Fixed on purpose:
 from __future__ import annotations
 
 import contextlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -161,17 +162,22 @@ class OLTrainer(ABC):
     def _should_save(self, episode: int) -> bool:
         return self.save_interval > 0 and (episode + 1) % self.save_interval == 0
 
-    def fit(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
+    def fit(self, num_episodes: int, num_collect_steps: int, num_update_steps: int, *args: Any,
+            **kwargs: Any) -> None:
         """Run episodes `num_episodes_done .. num_episodes-1`: collect, then learn, then clear.
 
         Args:
             num_episodes: Total episodes (resume continues from `num_episodes_done`).
             num_collect_steps: Experience batches collected per episode.
             num_update_steps: Update steps per episode.
+            *args: Passed to `_before_fit`.
+            **kwargs: Passed to `_before_fit`.
         """
+        self._before_fit(*args, **kwargs)
+        first_episode = self.num_episodes_done
+        show_progress = self.actor_booster.plugin.is_main_process and sys.stderr.isatty()
         with self._fit_ctx():
-            for episode in tqdm(range(self.num_episodes_done, num_episodes), desc="episodes",
-                                disable=not self.actor_booster.plugin.is_main_process):
+            for episode in tqdm(range(first_episode, num_episodes), desc="episodes", disable=not show_progress):
                 with self._episode_ctx(episode):
                     with self._make_experience_ctx():
                         for collect_step in range(num_collect_steps):
@@ -185,5 +191,5 @@ class OLTrainer(ABC):
                 self.num_episodes_done = episode + 1
                 if self._should_save(episode):
                     self._save_checkpoint(episode)
-            if num_episodes > 0 and not self._should_save(num_episodes - 1):
+            if num_episodes > first_episode and not self._should_save(num_episodes - 1):
                 self._save_checkpoint(num_episodes - 1)

@@ -11,7 +11,7 @@ Storage and tracking sections arrive with their own issue; this module only know
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -201,12 +201,16 @@ def _apply_override(data: dict, override: str) -> tuple:
 def _describe(error: dict, path: Path | None, lines: dict[tuple, int], overridden: set[tuple]) -> str:
     loc = tuple(str(part) for part in error["loc"])
     dotted = ".".join(loc) or "<top>"
-    if loc in overridden:
-        where = f"--set {dotted}"
-    else:
+    # Overrides that explain the error: one that set this key, a section around it, or a key inside it.
+    flags = sorted(".".join(key) for key in overridden if key[:len(loc)] == loc or loc[:len(key)] == key)
+    places = []
+    if loc not in overridden:
         # Missing fields have no line of their own: point at the nearest enclosing key.
         line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
-        where = f"{path}:{line}" if path and line else str(path or "config")
+        if line is not None or not flags:
+            places.append(f"{path}:{line}" if path and line else str(path or "config"))
+    places.extend(f"--set {flag}" for flag in flags)
+    where = ", ".join(places)
     kind = error["type"]
     if kind == "extra_forbidden":
         return f"{where}: unknown key {dotted}"
@@ -252,7 +256,9 @@ def describe_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     """One `dotted.key (type, default): description` line per field, for `--help-config`."""
     out = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
+        # An optional section (`LoraConfig | None`) still documents its fields.
+        candidates = [a for a in (get_args(field.annotation) or (field.annotation,)) if a is not type(None)]
+        annotation = candidates[0] if len(candidates) == 1 else field.annotation
         if isinstance(annotation, type) and issubclass(annotation, Section):
             out.extend(describe_fields(annotation, f"{prefix}{name}."))
             continue

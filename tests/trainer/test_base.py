@@ -238,7 +238,6 @@ def test_ol_trainer_requires_its_template_methods():
         OLTrainer(make_booster(), None, [], False, False)  # type: ignore[abstract]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: OLTrainer.fit never calls the documented `_before_fit` hook")
 def test_fit_calls_before_fit_once_before_the_first_episode():
     events: list = []
     trainer = RecordingOLTrainer(events, callbacks=[RecordingCallback(events)])

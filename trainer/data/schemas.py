@@ -39,12 +39,13 @@ def check_sft_row(row: Any) -> str | None:
     """Return why `row` is not a valid SFT row, or None."""
     if not isinstance(row, dict):
         return f"expected an object, found {type(row).__name__}"
-    if "messages" in row:
+    # Columnar files (Parquet, datasets) give a missing column as None: treat it as absent.
+    if row.get("messages") is not None:
         problem = _check_messages(row["messages"], "messages")
         if problem is None and not any(m["role"] == "assistant" for m in row["messages"]):
             problem = "messages has no assistant turn to train on"
         return problem
-    if "prompt" in row or "completion" in row:
+    if row.get("prompt") is not None or row.get("completion") is not None:
         problem = _check_text_or_messages(row, "prompt") or _check_text_or_messages(row, "completion")
         if problem is None and isinstance(row["prompt"], str) != isinstance(row["completion"], str):
             problem = "prompt and completion must both be strings or both be message lists"

@@ -69,12 +69,18 @@ def completion_segments(tokenizer: Any, prompt: str | list[dict], completion: st
     """The prompt (untrained) followed by the completion (trained), ending in EOS for plain text."""
     if isinstance(completion, str):
         return prompt_segments(tokenizer, prompt) + [(completion + tokenizer.eos_token, True)]
-    return _chat_segments(tokenizer, list(prompt) + list(completion))
+    # Earlier assistant turns inside the prompt are context, not targets: only the completion trains.
+    prompt_text = _render(tokenizer, list(prompt), add_generation_prompt=True)
+    segments, consumed = [], 0
+    for text, is_trained in _chat_segments(tokenizer, list(prompt) + list(completion)):
+        segments.append((text, is_trained and consumed >= len(prompt_text)))
+        consumed += len(text)
+    return segments
 
 
 def encode_sft(tokenizer: Any, row: dict, max_length: int) -> dict[str, list[int]]:
     """Token ids and labels of an SFT row (labels = -100 outside assistant text)."""
-    if "messages" in row:
+    if row.get("messages") is not None:
         segments = _chat_segments(tokenizer, row["messages"])
     else:
         segments = completion_segments(tokenizer, row["prompt"], row["completion"])

@@ -240,8 +240,6 @@ def test_skip_bad_rows_counts_bad_preference_rows(tmp_path, tokenizer):
     assert [example["margin"] for example in dataset.examples] == [1.5, 0.0]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a null-filled `messages` column (Parquet/HF datasets with both row "
-                                       "kinds) is read as present, so prompt/completion rows are rejected")
 def test_columnar_file_with_both_sft_row_kinds_loads(tmp_path, tokenizer):
     # Columnar formats give every row every column; a row of the other kind has nulls there.
     rows = [{"messages": SFT_MESSAGE_ROWS[0]["messages"], "prompt": None, "completion": None},
@@ -294,8 +292,6 @@ def test_chat_prompt_completion_labels_the_completion_turn(tokenizer):
     assert tokenizer.decode(labelled_ids(example["input_ids"], example["labels"])) == "yo<|end|>"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: for message-list prompt/completion rows, assistant turns inside "
-                                       "the prompt are labelled too (completion_segments trains every assistant turn)")
 def test_chat_prompt_assistant_turns_are_not_trained(tokenizer):
     prompt = [user("a"), assistant("EARLIER"), user("b")]
     example = encode_sft(tokenizer, {"prompt": prompt, "completion": [assistant("c")]}, MAX_LENGTH)
