@@ -52,7 +52,7 @@ def make_config(stage: str, *args, **updates) -> StageConfig:
 
 @pytest.fixture(scope="session")
 def sft_model(tmp_path_factory, tiny_model, task_files) -> Path:
-    """The tiny model after SFT on the addition task: the start of the RM and DPO tests."""
+    """The tiny model after SFT on the addition task (`<output>/model`): the start of the RM and DPO tests."""
     from trainer.stages import run_stage
 
     output = tmp_path_factory.mktemp("sft")

@@ -34,7 +34,7 @@ from trainer.errors import ConfigError
 from trainer.models import export_model, load_causal_lm, load_tokenizer, load_value_model
 from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, pick_device, read_distributed_env
 from trainer.supervised import StopTraining, SupervisedTrainer
-from trainer.tracking import Tracker, build_tracker
+from trainer.tracking import NullTracker, Tracker, build_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +80,20 @@ def build_context(config: StageConfig) -> RunContext:
         raise ConfigError("model.lora with parallel.plugin 'fsdp2' is not supported; use ddp for LoRA")
     init_process_group(env, device)
     plugin = make_plugin(config.parallel.plugin, env, device)
-    output_dir = Path(config.output_dir)
-    if env.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(config, output_dir / "config.yaml")
-    tracker = build_tracker(output_dir, env.is_main_process)
-    tracker.log_params(as_dict(config))
     return RunContext(config, env, plugin, Booster(plugin, config.train.mixed_precision),
-                      load_tokenizer(config.model.path), tracker, output_dir)
+                      load_tokenizer(config.model.path), NullTracker(), Path(config.output_dir))
+
+
+def open_outputs(context: RunContext) -> None:
+    """Create the output directory, record the resolved config and start tracking.
+
+    Called only after the model and data loaded, so bad input leaves nothing behind.
+    """
+    if context.env.is_main_process:
+        context.output_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(context.config, context.output_dir / "config.yaml")
+    context.tracker = build_tracker(context.output_dir, context.env.is_main_process)
+    context.tracker.log_params(as_dict(context.config))
 
 
 # -- per-stage parts ----------------------------------------------------------------------------
@@ -179,6 +185,7 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
     try:
         seed_everything(config.train.seed)
         parts = PREPARE[type(config)](config, context)
+        open_outputs(context)
         model, *_ = context.booster.boost(parts.model)
         optimizer = build_optimizer(model, config.optimizer)
         context.booster.register_optimizer(model, optimizer)

@@ -52,7 +52,7 @@ def token_logps(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     logits = logits[:, :-1].float()  # (B, T-1, V)
     picked = torch.gather(logits, -1, safe_targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
     logps = picked - torch.logsumexp(logits, dim=-1)  # (B, T-1)
-    return logps * mask, mask.float()
+    return torch.where(mask, logps, 0.0), mask.float()  # where, not *: -inf logits must not become NaN
 
 
 def sequence_logps(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
