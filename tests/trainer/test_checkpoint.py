@@ -19,7 +19,7 @@ def exported_weights(directory) -> dict[str, torch.Tensor]:
     return load_file(directory / "model" / "model.safetensors")
 
 
-# 100 samples, micro-batch 8: 13 micro-batches an epoch, 26 over two epochs.
+# 80 samples, micro-batch 8: 10 micro-batches an epoch, 20 over two epochs; each stop is mid-epoch.
 @pytest.mark.parametrize(("stop_after", "accumulation"), [(5, 1), (17, 1), (4, 2)])
 def test_resume_mid_run_gives_identical_parameters(stop_after, accumulation, tmp_path, tiny_model, task_files):
     def config(name):

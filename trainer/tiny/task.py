@@ -60,9 +60,11 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
 def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
     """Write the task's datasets as JSONL files; returns their paths by name."""
     directory = Path(directory)
+    rows = sft_rows()
+    held_out = set(range(0, len(rows), 5))  # every fifth problem is never shown to SFT
     return {
-        "sft_train": write_jsonl(sft_rows(), directory / "sft_train.jsonl"),
-        "sft_eval": write_jsonl(sft_rows()[::5], directory / "sft_eval.jsonl"),
+        "sft_train": write_jsonl([r for i, r in enumerate(rows) if i not in held_out], directory / "sft_train.jsonl"),
+        "sft_eval": write_jsonl([rows[i] for i in sorted(held_out)], directory / "sft_eval.jsonl"),
         "pref_train": write_jsonl(preference_rows(8, seed), directory / "pref_train.jsonl"),
         "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
         "prompts": write_jsonl(prompt_rows(), directory / "prompts.jsonl"),
