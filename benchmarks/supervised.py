@@ -27,8 +27,9 @@ from pathlib import Path
 # -- the workload (swap the model and data with --model-dir / --sft-data / --pref-data) ----------
 HIDDEN_SIZE = 128  # tiny Llama from trainer.tiny.model: 4 heads (2 kv heads), MLP 2 x hidden
 NUM_LAYERS = 4
-MAX_LENGTH = 64  # tokens per sample after truncation; the addition task's samples are ~10 tokens
+MAX_LENGTH = 64  # tokens per sequence after truncation; the addition task's are ~7 tokens
 MICRO_BATCH_SIZE = 16  # samples (sft) or chosen/rejected pairs (rm, dpo) per step, no accumulation
+NUM_THREADS = 1  # torch intra-op threads; on tiny ops more threads mostly add contention and noise
 NUM_STEPS = 30  # optimizer steps per stage
 WARMUP_STEPS = 5  # first steps left out of the statistics
 LR = 1e-3
@@ -38,13 +39,28 @@ STAGES = ("sft", "rm", "dpo")
 # -- child: train one stage ----------------------------------------------------------------------
 
 
-def run_one(spec_path: Path) -> None:
-    """Train the stage described by a spec file and write the process's peak RSS next to its metrics."""
-    from trainer.config import build_config
-    from trainer.stages import run_stage
+def quiet_libraries() -> None:
+    """Keep trainer and Hugging Face messages and progress bars out of the benchmark's output."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("trainer").setLevel(logging.WARNING)
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
+def run_one(spec_path: Path, num_threads: int) -> None:
+    """Train the stage described by a spec file and write the process's peak RSS next to its metrics."""
+    import torch
+
+    from trainer.config import build_config
+    from trainer.stages import run_stage
+
+    quiet_libraries()
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)  # this process only: it exists to run one measured stage
     spec = json.loads(spec_path.read_text())
     run_stage(build_config(spec["stage"], spec["config"]))
     # ru_maxrss is in KiB on Linux and in bytes on macOS.
@@ -55,10 +71,11 @@ def run_one(spec_path: Path) -> None:
 # -- parent: prepare, launch, summarise ----------------------------------------------------------
 
 
-def stage_config(stage: str, args: argparse.Namespace, data_path: Path, output_dir: Path) -> dict:
+def stage_config(args: argparse.Namespace, model_dir: Path, data_path: Path, output_dir: Path) -> dict:
+    """The raw config of one measured run, as `trainer.config.build_config` takes it."""
     return {
         "output_dir": str(output_dir),
-        "model": {"path": str(args.model_dir)},
+        "model": {"path": str(model_dir)},
         "data": {"train_path": str(data_path), "max_length": MAX_LENGTH},
         "optimizer": {"lr": LR},
         # Epochs are bounded by max_steps; a large max_epochs just lets small datasets wrap around.
@@ -68,27 +85,31 @@ def stage_config(stage: str, args: argparse.Namespace, data_path: Path, output_d
     }
 
 
-def prepare_workload(args: argparse.Namespace, work_dir: Path) -> dict[str, Path]:
-    """Write the tiny model and task data unless given; fill `args.model_dir`; return data by stage."""
-    if args.model_dir is None:
+def prepare_workload(args: argparse.Namespace, work_dir: Path) -> tuple[Path, dict[str, Path]]:
+    """Write the tiny model and task data where no flag gives them; return the model and data by stage."""
+    model_dir, sft_data, pref_data = args.model_dir, args.sft_data, args.pref_data
+    if model_dir is None:
         from trainer.tiny.model import write_tiny_model
 
-        args.model_dir = write_tiny_model(work_dir / "model", hidden_size=HIDDEN_SIZE, num_layers=NUM_LAYERS,
-                                          seed=args.seed)
-    if args.sft_data is None or args.pref_data is None:
+        model_dir = write_tiny_model(work_dir / "model", hidden_size=HIDDEN_SIZE, num_layers=NUM_LAYERS,
+                                     seed=args.seed)
+    if sft_data is None or pref_data is None:
         from trainer.tiny.task import write_task
 
         written = write_task(work_dir / "data", seed=args.seed)
-        args.sft_data = args.sft_data or written["sft_train"]
-        args.pref_data = args.pref_data or written["pref_train"]
-    return {"sft": Path(args.sft_data), "rm": Path(args.pref_data), "dpo": Path(args.pref_data)}
+        sft_data, pref_data = sft_data or written["sft_train"], pref_data or written["pref_train"]
+    return model_dir, {"sft": sft_data, "rm": pref_data, "dpo": pref_data}
 
 
-def launch_stage(stage: str, config: dict, work_dir: Path) -> Path:
+def launch_stage(stage: str, config: dict, work_dir: Path, num_threads: int) -> Path:
     """Run one stage in a fresh interpreter; returns its output directory."""
     spec_path = work_dir / f"{stage}.json"
     spec_path.write_text(json.dumps({"stage": stage, "config": config}))
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)], check=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path),
+               "--num-threads", str(num_threads)]
+    returncode = subprocess.run(command, check=False).returncode
+    if returncode != 0:
+        sys.exit(f"benchmark: stage {stage} failed with exit status {returncode}; its error is above")
     return Path(config["output_dir"])
 
 
@@ -125,6 +146,7 @@ COLUMNS = [("stage", "stage", "{}"), ("tokens_per_second", "tokens/s", "{:.0f}")
 
 
 def format_table(results: list[dict]) -> str:
+    """Right-aligned columns with a header rule, one row per stage."""
     cells = [[header for _, header, _ in COLUMNS]]
     cells += [[fmt.format(result[key]) for key, _, fmt in COLUMNS] for result in results]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
@@ -132,22 +154,27 @@ def format_table(results: list[dict]) -> str:
     return "\n".join([lines[0], "  ".join("-" * width for width in widths), *lines[1:]])
 
 
-def describe_workload(args: argparse.Namespace, is_default_model: bool) -> str:
-    model = f"tiny Llama hidden={HIDDEN_SIZE} layers={NUM_LAYERS}" if is_default_model else str(args.model_dir)
-    return (f"model: {model}; max_length={MAX_LENGTH}; micro_batch_size={args.micro_batch_size}; "
-            f"steps={args.steps} (first {WARMUP_STEPS} not measured); seed={args.seed}")
+def describe_workload(args: argparse.Namespace) -> dict:
+    """What was measured, printed above the table so a figure is never quoted without its workload."""
+    default_model = f"tiny Llama hidden={HIDDEN_SIZE} layers={NUM_LAYERS}"
+    return {"model": str(args.model_dir or default_model), "max_length": MAX_LENGTH,
+            "micro_batch_size": args.micro_batch_size, "steps": args.steps, "warmup_steps": WARMUP_STEPS,
+            "seed": args.seed, "threads": args.num_threads or "torch default"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Parse and check the flags; `--run-one` (hidden) marks the child that trains one stage."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--stages", default=",".join(STAGES), help="Comma-separated subset of sft,rm,dpo.")
     parser.add_argument("--steps", type=int, default=NUM_STEPS, help="Optimizer steps per stage.")
     parser.add_argument("--seed", type=int, default=0, help="Seeds the tiny model, the task data and training.")
     parser.add_argument("--micro-batch-size", type=int, default=MICRO_BATCH_SIZE, help="Samples or pairs per step.")
+    parser.add_argument("--num-threads", type=int, default=NUM_THREADS, help="torch threads; 0 keeps torch's default.")
     parser.add_argument("--model-dir", type=Path, help="HF model + tokenizer directory; default: the tiny model.")
     parser.add_argument("--sft-data", type=Path, help="SFT JSONL (prompt/completion or messages) for sft.")
     parser.add_argument("--pref-data", type=Path, help="Preference JSONL (prompt/chosen/rejected) for rm and dpo.")
-    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--output", choices=("table", "json"), default="table", help="Summary format on stdout.")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.stages = [stage.strip() for stage in args.stages.split(",") if stage.strip()]
@@ -160,23 +187,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Measure the chosen stages one subprocess at a time and print the summary."""
     args = parse_args(argv)
     if args.run_one is not None:
-        run_one(args.run_one)
+        run_one(args.run_one, args.num_threads)
         return
-    is_default_model = args.model_dir is None
+    quiet_libraries()
     with tempfile.TemporaryDirectory(prefix="alignflow-bench-") as temp:
         work_dir = Path(temp)
-        data = prepare_workload(args, work_dir)
+        model_dir, data = prepare_workload(args, work_dir)
         results = []
         for stage in args.stages:
-            config = stage_config(stage, args, data[stage], work_dir / "runs" / stage)
-            results.append(summarise(stage, launch_stage(stage, config, work_dir)))
-    workload = describe_workload(args, is_default_model)
+            config = stage_config(args, model_dir, data[stage], work_dir / "runs" / stage)
+            results.append(summarise(stage, launch_stage(stage, config, work_dir, args.num_threads)))
+    workload = describe_workload(args)
     if args.output == "json":
         print(json.dumps({"workload": workload, "results": results}, indent=2))
     else:
-        print(workload + "\n" + format_table(results))
+        print("; ".join(f"{key}={value}" for key, value in workload.items()) + "\n" + format_table(results))
 
 
 if __name__ == "__main__":

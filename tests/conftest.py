@@ -32,7 +32,7 @@ def merge(base: dict, updates: dict) -> dict:
     return out
 
 
-def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval_file: Path | None = None,
+def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval_file: Path | None = None, /,
                **updates) -> dict:
     """A small, fast config mapping for `stage`; `updates` are merged section by section."""
     base = {

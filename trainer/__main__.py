@@ -1,8 +1,8 @@
 """`python -m trainer {sft,rm,dpo} --config stage.yaml [--set key=value ...]`.
 
 The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
-leaves the process group; a bad config or bad data ends with one line naming the problem and
-exit code 2.
+leaves the process group; a bad config or bad data ends with one message (a line per problem)
+naming where it is, and exit code 2.
 """
 
 from __future__ import annotations

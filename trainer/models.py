@@ -23,10 +23,10 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 VALUE_HEAD_MARKER = "alignflow_value_model.json"
 
 
-def _check_path(path: str) -> Path:
+def _check_path(path: str, key: str = "model.path") -> Path:
     directory = Path(path)
     if not (directory / "config.json").is_file():
-        raise ConfigError(f"model.path: {path} is not a local Hugging Face model directory (no config.json)")
+        raise ConfigError(f"{key}: {path} is not a local Hugging Face model directory (no config.json)")
     return directory
 
 
@@ -40,12 +40,21 @@ def load_tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def load_causal_lm(config: ModelConfig, path: str | None = None) -> nn.Module:
-    """An `AutoModelForCausalLM` from `path` (default `config.path`), with the config's options applied."""
+def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "model.path") -> nn.Module:
+    """An `AutoModelForCausalLM` from `path` (default `config.path`), with the config's options applied.
+
+    Args:
+        config: Model options (attention kernel, gradient checkpointing, LoRA).
+        path: Directory to load instead of `config.path` (e.g. a DPO reference).
+        key: The config key `path` came from, named in errors.
+
+    Returns:
+        The model, on CPU, in fp32.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(_check_path(path or config.path)), local_files_only=True,
+        str(_check_path(path or config.path, key)), local_files_only=True,
         attn_implementation=config.attn_implementation, dtype=torch.float32,
     )
     return _apply_options(model, config)
@@ -87,12 +96,12 @@ def apply_lora(model: nn.Module, config: ModelConfig) -> nn.Module:
                                  target_modules=lora.target_modules)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    model = inject_adapter_in_model(peft_config, model)
+    try:
+        model = inject_adapter_in_model(peft_config, model)
+    except ValueError as err:  # peft's "target modules not found"
+        raise ConfigError(f"model.lora.target_modules {lora.target_modules} matched no module of {config.path}") from err
     if isinstance(model, ValueHeadModel):
         model.head.requires_grad_(True)  # a fresh head must always train
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if trainable == 0:
-        raise ConfigError(f"model.lora.target_modules {lora.target_modules} matched no module of {config.path}")
     return model
 
 

@@ -109,15 +109,17 @@ def _load_split(loader: Callable, path: str | None, context: RunContext) -> list
 def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     pad_id = context.tokenizer.pad_token_id
     collate = pack_sft if config.sft.packing else functools.partial(pad_sft, pad_token_id=pad_id)
-    return StageParts(load_causal_lm(config.model), _load_split(load_sft_dataset, config.data.train_path, context),
-                      _load_split(load_sft_dataset, config.data.eval_path, context), collate, SFTObjective())
+    # Data first: a bad row should fail before a large model spends time loading.
+    train = _load_split(load_sft_dataset, config.data.train_path, context)
+    evaluation = _load_split(load_sft_dataset, config.data.eval_path, context)
+    return StageParts(load_causal_lm(config.model), train, evaluation, collate, SFTObjective())
 
 
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
     collate = functools.partial(pad_preference, pad_token_id=context.tokenizer.pad_token_id)
-    return StageParts(load_value_model(config.model),
-                      _load_split(load_preference_dataset, config.data.train_path, context),
-                      _load_split(load_preference_dataset, config.data.eval_path, context), collate,
+    train = _load_split(load_preference_dataset, config.data.train_path, context)
+    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    return StageParts(load_value_model(config.model), train, evaluation, collate,
                       RewardObjective(use_margin=config.rm.use_margin))
 
 
@@ -129,7 +131,7 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     reference = None
     if options.loss_type != "simpo" and not options.reference_free:
         reference = load_causal_lm(config.model.model_copy(update={"lora": None, "gradient_checkpointing": False}),
-                                   options.ref_model_path)
+                                   options.ref_model_path, key="dpo.ref_model_path")
         reference.requires_grad_(False).eval().to(context.plugin.device)
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):

@@ -81,11 +81,6 @@ def test_lora_export_is_merged_and_faithful(lora_run, tiny_model):
     assert (trained - untrained).abs().max() > 1e-3, "the adapters did not change the model"
 
 
-# Bug in trainer/models.py `apply_lora`: peft's `inject_adapter_in_model` raises its own
-# `NoMatchingPeftModuleError` (a ValueError) before the `trainable == 0` check can raise ConfigError,
-# so the CLI prints a traceback instead of one line and exit code 2. Remove the mark with the fix.
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="apply_lora lets peft's NoMatchingPeftModuleError escape instead of ConfigError")
 def test_lora_target_modules_matching_nothing_is_a_config_error(tiny_model):
     config = ModelConfig(path=str(tiny_model), lora=LoraConfig(r=4, target_modules=["no_such_proj"]))
     with pytest.raises(ConfigError, match="target_modules"):
