@@ -77,11 +77,20 @@ def load_value_model(config: ModelConfig, path: str | None = None) -> ValueHeadM
 def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:
     if config.gradient_checkpointing:
         target = model.backbone if isinstance(model, ValueHeadModel) else model
-        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(target)
         target.config.use_cache = False
     if config.lora is not None:
         model = apply_lora(model, config)
     return model
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward (transformers 5 renamed the method; 4.x has the old name)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def apply_lora(model: nn.Module, config: ModelConfig) -> nn.Module:
@@ -138,8 +147,6 @@ class ValueHeadModel(nn.Module):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         return self.head(hidden.last_hidden_state).squeeze(-1)  # (B, T)
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.backbone.gradient_checkpointing_enable(**kwargs)
 
 
 def export_model(model: nn.Module, state: dict[str, torch.Tensor], tokenizer: Any, directory: Path,
