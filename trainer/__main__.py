@@ -1,4 +1,4 @@
-"""`python -m trainer {sft,rm,dpo} --config stage.yaml [--set key=value ...]`.
+"""`python -m trainer {sft,rm,dpo,ppo,grpo} --config stage.yaml [--set key=value ...]`.
 
 The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
 leaves the process group; a bad config or bad data ends with one message (a line per problem)
@@ -14,10 +14,12 @@ import sys
 import torch.distributed as dist
 
 from trainer.config import STAGE_CONFIGS, describe_fields, load_config
-from trainer.errors import AlignflowError
+from trainer.errors import AlignflowError, ConfigError
 from trainer.runtime import read_distributed_env, setup_logging
 
 logger = logging.getLogger("trainer")
+
+ONLINE_STAGES = ("ppo", "grpo")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,9 +29,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="Override a config field by its dotted key, e.g. --set optimizer.lr=1e-4 (repeatable).")
     parser.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
-                        help="Save and exit after optimizer step N, as a preemption would; rerun to resume.")
+                        help="Save and exit after step N (optimizer steps; episodes for ppo/grpo), as a preemption "
+                             "would; rerun to resume.")
+    parser.add_argument("--mode", choices=["colocated", "train", "explore", "both"], default="colocated",
+                        help="ppo/grpo only: the OLTrainer loop in one job (colocated), or the experience-driven "
+                             "Trainer (train), the explorer (explore), or both as two processes.")
     parser.add_argument("--help-config", action="store_true", help="List every config field of the stage and exit.")
     return parser.parse_args(argv)
+
+
+def run_online(config, args: argparse.Namespace, argv: list[str]) -> None:
+    from trainer import run_async
+    from trainer.online_stages import run_online_stage
+
+    if args.mode == "colocated":
+        run_online_stage(config, stop_after_episodes=args.stop_after_steps)
+    elif args.mode == "train":
+        run_async.run_trainer(config)
+    elif args.mode == "explore":
+        run_async.run_explorer(config)
+    else:
+        run_async.run_both(config, run_async.explorer_command(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,10 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(read_distributed_env())
     try:
-        from trainer.stages import run_stage
-
         config = load_config(args.stage, args.config, args.overrides)
-        run_stage(config, stop_after_steps=args.stop_after_steps)
+        if args.mode != "colocated" and args.stage not in ONLINE_STAGES:
+            raise ConfigError(f"--mode {args.mode} is for ppo and grpo; {args.stage} runs colocated only")
+        if args.stage in ONLINE_STAGES:
+            run_online(config, args, sys.argv[1:] if argv is None else argv)
+        else:
+            from trainer.stages import run_stage
+
+            run_stage(config, stop_after_steps=args.stop_after_steps)
     except AlignflowError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         return 2

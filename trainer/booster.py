@@ -191,15 +191,14 @@ class Booster:
         barrier()
 
     def save_model(self, model: nn.Module, checkpoint: str | Path, **_: Any) -> None:
-        self._write(get_model_state_dict(model, options=_FULL_STATE), checkpoint)
+        self._write(self.full_state_dict(model), checkpoint)
 
     def load_model(self, model: nn.Module, checkpoint: str | Path, strict: bool = True, **_: Any) -> None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def save_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
-        model = self._model_of_optimizer[id(optimizer)]
-        self._write(get_optimizer_state_dict(model, optimizer, options=_FULL_STATE), checkpoint)
+        self._write(self.full_optimizer_state_dict(optimizer), checkpoint)
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
         model = self._model_of_optimizer[id(optimizer)]
@@ -213,5 +212,9 @@ class Booster:
         lr_scheduler.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The unsharded weights on CPU (a collective: every rank must call it)."""
+        """The unsharded weights on CPU (a collective: every rank must call it; complete on rank 0)."""
         return get_model_state_dict(model, options=_FULL_STATE)
+
+    def full_optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The unsharded optimizer state on CPU, keyed by parameter name (a collective)."""
+        return get_optimizer_state_dict(self._model_of_optimizer[id(optimizer)], optimizer, options=_FULL_STATE)

@@ -1,8 +1,9 @@
 """Atomic, resumable checkpoints under `<output_dir>/checkpoints/`.
 
-Layout of one checkpoint, `step-00000042/`: `model.pt`, `optimizer.pt`, `scheduler.pt`
-(full state dicts, see `Booster`), `rng-rank<R>.pt` (each rank's python/numpy/torch RNG states)
-and `trainer_state.json` (epoch, global step, samples consumed in the epoch). Only after all of
+Layout of one checkpoint, `step-00000042/`: for each trained component NAME (`model` for the
+supervised stages, `actor` and `critic` for PPO) `NAME.pt`, `NAME.optimizer.pt` and
+`NAME.scheduler.pt` (full state dicts, see `Booster`); `rng-rank<R>.pt` (each rank's
+python/numpy/torch RNG states); and `trainer_state.json` (the loop position). Only after all of
 them exist does rank 0 replace the `latest` file (write to a temporary name, then rename), so a
 reader never picks up a half-written checkpoint; a crash mid-save leaves the previous `latest`.
 Older checkpoints are deleted only after a newer one is complete.
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from trainer.booster import Booster
 from trainer.errors import CheckpointError
@@ -29,6 +31,9 @@ from trainer.runtime import barrier
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
+
+# (model, optimizer, lr scheduler) of one trained network.
+Component = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
 
 
 @dataclass(slots=True)
@@ -49,6 +54,26 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (just `[obj]` outside a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def copy_tensors(obj: Any) -> Any:
+    """A copy of nested dicts/lists/tuples in which every tensor is cloned."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(copy_tensors(v) for v in obj)
+    return obj
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -64,11 +89,14 @@ class CheckpointManager:
         root: The run's checkpoint directory.
         booster: Writes model/optimizer/scheduler state for the run's plugin.
         keep_last: Number of complete checkpoints to keep (0 keeps all).
+        boosters: Per-component boosters where they differ from `booster` (e.g. the critic's).
     """
 
-    def __init__(self, root: Path, booster: Booster, keep_last: int = 0) -> None:
+    def __init__(self, root: Path, booster: Booster, keep_last: int = 0,
+                 boosters: dict[str, Booster] | None = None) -> None:
         self.root = root
         self.booster = booster
+        self.boosters = dict(boosters or {})
         self.keep_last = keep_last
         self.is_main_process = booster.plugin.is_main_process
 
@@ -82,43 +110,80 @@ class CheckpointManager:
             raise CheckpointError(f"{pointer} names {directory.name}, which has no trainer_state.json")
         return directory
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-             state: TrainerState) -> Path:
-        directory = self.root / f"step-{state.global_step:08d}"
-        if self.is_main_process:
-            if directory.exists():  # left by a crash before its `latest` was written
-                shutil.rmtree(directory)
-            directory.mkdir(parents=True)
-        barrier()
-        self.booster.save_model(model, directory / "model.pt")
-        self.booster.save_optimizer(optimizer, directory / "optimizer.pt")
-        self.booster.save_lr_scheduler(scheduler, directory / "scheduler.pt")
-        torch.save(capture_rng_state(), directory / f"rng-rank{self.booster.plugin.rank}.pt")
-        barrier()
-        if self.is_main_process:
-            (directory / "trainer_state.json").write_text(json.dumps(asdict(state)))
-            temporary = self.root / f".{LATEST}.tmp"
-            temporary.write_text(directory.name)
-            os.replace(temporary, self.root / LATEST)
-            self._apply_retention()
-        barrier()
+    def snapshot(self, components: dict[str, Component], state: TrainerState | dict,
+                 copy: bool = False) -> dict[str, Any]:
+        """Gather everything a checkpoint holds onto rank 0's CPU (a collective: every rank calls it).
+
+        Args:
+            components: name -> (model, optimizer, scheduler).
+            state: The loop position, a dataclass or a JSON-able dict.
+            copy: Clone tensors, so training may go on while a background thread writes them.
+
+        Returns:
+            File name -> object, plus the JSON state; complete on rank 0 only.
+        """
+        files: dict[str, Any] = {}
+        for name, (model, optimizer, scheduler) in components.items():
+            booster = self.boosters.get(name, self.booster)
+            files[f"{name}.pt"] = booster.full_state_dict(model)
+            files[f"{name}.optimizer.pt"] = booster.full_optimizer_state_dict(optimizer)
+            files[f"{name}.scheduler.pt"] = scheduler.state_dict()
+        for rank, rng_state in enumerate(gather_objects(capture_rng_state())):
+            files[f"rng-rank{rank}.pt"] = rng_state
+        if copy:
+            files = copy_tensors(files)
+        return {"files": files, "state": state if isinstance(state, dict) else asdict(state)}
+
+    def write(self, snapshot: dict[str, Any], step: int) -> Path:
+        """Write a snapshot as `step-<step>` and then point `latest` at it. Rank 0 only; no collectives."""
+        directory = self.root / f"step-{step:08d}"
+        if directory.exists():  # left by a crash before its `latest` was written
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        for name, payload in snapshot["files"].items():
+            torch.save(payload, directory / name)
+        (directory / "trainer_state.json").write_text(json.dumps(snapshot["state"]))
+        temporary = self.root / f".{LATEST}.tmp"
+        temporary.write_text(directory.name)
+        os.replace(temporary, self.root / LATEST)
+        self._apply_retention()
         logger.info("saved checkpoint %s", directory)
         return directory
 
-    def load(self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any) -> TrainerState:
-        """Restore model, optimizer, scheduler and this rank's RNG; return the loop position."""
-        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text()))
-        self.booster.load_model(model, directory / "model.pt")
-        self.booster.load_optimizer(optimizer, directory / "optimizer.pt")
-        self.booster.load_lr_scheduler(scheduler, directory / "scheduler.pt")
+    def save(self, components: dict[str, Component], state: TrainerState | dict, step: int) -> Path:
+        """Write every component and the loop state as `step-<step>`, then point `latest` at it.
+
+        Args:
+            components: name -> (model, optimizer, scheduler); each is saved under its name.
+            state: The loop position, a dataclass or a JSON-able dict.
+            step: Names the checkpoint directory.
+
+        Returns:
+            The checkpoint directory.
+        """
+        snapshot = self.snapshot(components, state)
+        if self.is_main_process:
+            self.write(snapshot, step)
+        barrier()
+        return self.root / f"step-{step:08d}"
+
+    def load(self, directory: Path, components: dict[str, Component]) -> dict[str, Any]:
+        """Restore every component and this rank's RNG; return the saved loop state as a dict."""
+        state = json.loads((directory / "trainer_state.json").read_text())
+        for name, (model, optimizer, scheduler) in components.items():
+            booster = self.boosters.get(name, self.booster)
+            if not (directory / f"{name}.pt").is_file():
+                raise CheckpointError(f"{directory} has no {name}.pt: it was not written by this stage")
+            booster.load_model(model, directory / f"{name}.pt")
+            booster.load_optimizer(optimizer, directory / f"{name}.optimizer.pt")
+            booster.load_lr_scheduler(scheduler, directory / f"{name}.scheduler.pt")
         rng_file = directory / f"rng-rank{self.booster.plugin.rank}.pt"
         if rng_file.is_file():
             restore_rng_state(torch.load(rng_file, weights_only=False))
         else:
             logger.warning("%s has no RNG state for rank %d (world size changed); RNG not restored",
                            directory, self.booster.plugin.rank)
-        logger.info("resumed from %s (epoch %d, step %d)", directory, state.epoch, state.global_step)
+        logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
         return state
 
     def _apply_retention(self) -> None:

@@ -1,5 +1,8 @@
 """Typed stage configs, loaded from YAML with `--set key=value` overrides.
 
+This file is longer than 300 lines because it holds every stage's config in one place: the
+field descriptions are the reference documentation (`--help-config`).
+
 Each stage has one config class built from shared sections. Every field carries exactly one
 description (`Field(description=...)`), which `python -m trainer <stage> --help-config` prints.
 Unknown keys, wrong types and missing fields fail at load time with one `ConfigError` that names
@@ -145,7 +148,104 @@ class DPOConfig(StageConfig):
     dpo: DPOOptions = Field(default_factory=DPOOptions, description="DPO loss options.")
 
 
-STAGE_CONFIGS: dict[str, type[StageConfig]] = {"sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig}
+# ---------------------------------------------------------------------------------------------
+# Online stages (PPO, GRPO). `data.train_path` holds prompt rows; `train.micro_batch_size` is the
+# forward chunk; `checkpoint.save_interval` counts episodes; `train.max_epochs/max_steps` are unused.
+
+
+class GenerationOptions(Section):
+    max_new_tokens: int = Field(32, gt=0, description="Longest response in tokens.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy decoding.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables it.")
+    top_k: int = Field(0, ge=0, description="Sample among the k likeliest tokens; 0 disables it.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop tokens (each one token); EOS always stops.")
+
+
+class RewardSourceConfig(Section):
+    model_path: str | None = Field(None, description="Reward model directory (the `rm` stage's `<output_dir>/model`).")
+    function: str | None = Field(
+        None, description="Reward function as `module:function`, called as f(prompt, completion, answer) -> float."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RewardSourceConfig:
+        if (self.model_path is None) == (self.function is None):
+            raise ValueError(f"set exactly one of model_path ({self.model_path!r}) and function ({self.function!r})")
+        return self
+
+
+class OnlineOptions(Section):
+    num_episodes: int = Field(10, gt=0, description="Collect-then-learn rounds.")
+    num_collect_steps: int = Field(1, gt=0, description="Prompt batches collected per episode.")
+    rollout_batch_size: int = Field(16, gt=0, description="Prompts per rank per collect step.")
+    num_update_epochs: int = Field(1, gt=0, description="Passes over an episode's experience (PPO epochs).")
+    mini_batch_size: int = Field(16, gt=0, description="Sequences per rank per optimizer step.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping of actor and critic; 0 disables.")
+
+
+class PPOOptions(OnlineOptions):
+    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL penalty in the reward (initial value if adaptive).")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
+    target_kl: float | None = Field(None, gt=0, description="Adapt kl_coef towards this KL per sequence; null keeps it fixed.")
+    kl_horizon: int = Field(10000, gt=0, description="Samples over which the adaptive controller corrects.")
+    cliprange: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
+    cliprange_value: float = Field(0.2, gt=0, description="Value clip range around the old values.")
+    vf_coef: float = Field(0.5, gt=0, description="Weight of the value loss.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount over response tokens.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    whiten_advantages: bool = Field(True, description="Normalise advantages over the batch.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of the pretraining (SFT) loss on `ptx_data_path`.")
+    ptx_data_path: str | None = Field(None, description="SFT-schema data for the ptx loss.")
+    reward_clip: float | None = Field(None, gt=0, description="Clip sequence scores to [-reward_clip, reward_clip].")
+    critic_lr: float = Field(1e-5, gt=0, description="Peak learning rate of the critic.")
+    critic_model_path: str | None = Field(None, description="Critic init; null uses reward.model_path, else model.path.")
+
+    @model_validator(mode="after")
+    def _check_ptx(self) -> PPOOptions:
+        if self.ptx_coef > 0 and self.ptx_data_path is None:
+            raise ValueError(f"ptx_coef is {self.ptx_coef} but ptx_data_path is not set")
+        return self
+
+
+class GRPOOptions(OnlineOptions):
+    num_generations: int = Field(4, ge=2, description="Responses sampled per prompt (the group size).")
+    beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the reference inside the loss.")
+    epsilon: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token", description="Average over all response tokens, or per response then over responses."
+    )
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std.")
+
+
+class AsyncOptions(Section):
+    buffer_dir: str | None = Field(None, description="Experience buffer directory; null uses `<output_dir>/buffer`.")
+    weights_dir: str | None = Field(None, description="Published weight versions; null uses `<output_dir>/weights`.")
+    total_steps: int = Field(20, gt=0, description="Trainer steps before the run ends.")
+    sync_interval: int = Field(1, gt=0, description="Publish weights every this many trainer steps.")
+    sync_offset: int = Field(0, ge=0, description="Explorer may run this many versions ahead of the weights it uses.")
+    save_interval: int = Field(0, ge=0, description="Checkpoint every this many trainer steps; 0 only at the end.")
+    wait_timeout: float = Field(300.0, gt=0, description="Seconds to wait for experience or weights before failing.")
+
+
+class OnlineStageConfig(StageConfig):
+    generation: GenerationOptions = Field(default_factory=GenerationOptions, description="Sampling of responses.")
+    reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
+    asynchronous: AsyncOptions = Field(default_factory=AsyncOptions,
+                                       description="The experience-driven Trainer and explorer (modes train/explore/both).")
+
+
+class PPOConfig(OnlineStageConfig):
+    ppo: PPOOptions = Field(default_factory=PPOOptions, description="PPO options.")
+
+
+class GRPOConfig(OnlineStageConfig):
+    grpo: GRPOOptions = Field(default_factory=GRPOOptions, description="GRPO options.")
+
+
+STAGE_CONFIGS: dict[str, type[StageConfig]] = {
+    "sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+}
 
 
 # ---------------------------------------------------------------------------------------------

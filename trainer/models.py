@@ -60,11 +60,20 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
     return _apply_options(model, config)
 
 
-def load_value_model(config: ModelConfig, path: str | None = None) -> ValueHeadModel:
-    """A causal LM backbone with a scalar head; the head is restored if `path` was saved as one."""
+def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path") -> ValueHeadModel:
+    """A causal LM backbone with a scalar head; the head is restored if `path` was saved as one.
+
+    Args:
+        config: Model options.
+        path: Directory to load instead of `config.path` (a reward model, a critic init).
+        key: The config key `path` came from, named in errors.
+
+    Returns:
+        The value model, on CPU, in fp32.
+    """
     from transformers import AutoModel
 
-    directory = _check_path(path or config.path)
+    directory = _check_path(path or config.path, key)
     backbone = AutoModel.from_pretrained(
         str(directory), local_files_only=True, attn_implementation=config.attn_implementation, dtype=torch.float32
     )

@@ -26,7 +26,7 @@ from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
 from trainer.booster import Booster, Plugin, make_plugin, unwrap_model
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig, as_dict, dump_config
 from trainer.data.collate import pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
@@ -203,7 +203,7 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
             tracker=context.tracker, stop_after_steps=stop_after_steps)
         latest = checkpoints.latest() if config.checkpoint.resume else None
         if latest is not None:
-            trainer.restore(checkpoints.load(latest, model, optimizer, scheduler))
+            trainer.restore(TrainerState(**checkpoints.load(latest, trainer.components())))
         try:
             trainer.fit()
         except StopTraining as stop:

@@ -101,6 +101,10 @@ class SupervisedTrainer(SLTrainer):
         self.progress = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step",
                              disable=not (self.plugin.is_main_process and is_tty), dynamic_ncols=True)
 
+    def components(self) -> dict:
+        """What a checkpoint of this trainer holds besides the loop state."""
+        return {"model": (self.model, self.optimizer, self.scheduler)}
+
     def restore(self, state: TrainerState) -> None:
         """Continue from a checkpoint's loop position (model and optimizer are already loaded)."""
         self.start_epoch = state.epoch
@@ -151,7 +155,7 @@ class SupervisedTrainer(SLTrainer):
     def _save(self, state: TrainerState) -> None:
         if self.last_saved_step == state.global_step:
             return  # an epoch end that coincides with an interval save: resuming either way is the same
-        self.checkpoints.save(self.model, self.optimizer, self.scheduler, state)
+        self.checkpoints.save(self.components(), state, state.global_step)
         self.last_saved_step = state.global_step
 
     def _record(self, metrics: dict[str, float], group: list[dict], seconds: float) -> None:

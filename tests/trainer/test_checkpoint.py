@@ -64,7 +64,7 @@ def make_manager(root, keep_last=0):
 
 def test_half_written_checkpoint_is_ignored(tmp_path):
     manager, model, optimizer, scheduler = make_manager(tmp_path)
-    manager.save(model, optimizer, scheduler, TrainerState(global_step=2))
+    manager.save({"model": (model, optimizer, scheduler)}, TrainerState(global_step=2), 2)
     # A crash while writing step 3: its files exist but `latest` was never moved to it.
     partial = tmp_path / "step-00000003"
     partial.mkdir()
@@ -80,7 +80,7 @@ def test_no_checkpoint_means_fresh_start(tmp_path):
 def test_retention_keeps_the_last_complete_checkpoints(tmp_path):
     manager, model, optimizer, scheduler = make_manager(tmp_path, keep_last=2)
     for step in (1, 2, 3, 4):
-        manager.save(model, optimizer, scheduler, TrainerState(global_step=step))
+        manager.save({"model": (model, optimizer, scheduler)}, TrainerState(global_step=step), step)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
     assert manager.latest().name == "step-00000004"
 
@@ -88,8 +88,9 @@ def test_retention_keeps_the_last_complete_checkpoints(tmp_path):
 def test_load_restores_weights_and_position(tmp_path):
     manager, model, optimizer, scheduler = make_manager(tmp_path)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    manager.save(model, optimizer, scheduler, TrainerState(epoch=1, global_step=7, samples_in_epoch=24))
+    components = {"model": (model, optimizer, scheduler)}
+    manager.save(components, TrainerState(epoch=1, global_step=7, samples_in_epoch=24), 7)
     torch.nn.init.zeros_(model.weight)
-    state = manager.load(manager.latest(), model, optimizer, scheduler)
-    assert (state.epoch, state.global_step, state.samples_in_epoch) == (1, 7, 24)
+    state = manager.load(manager.latest(), components)
+    assert (state["epoch"], state["global_step"], state["samples_in_epoch"]) == (1, 7, 24)
     assert torch.equal(model.weight, saved["weight"])

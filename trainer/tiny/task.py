@@ -69,3 +69,8 @@ def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
         "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
         "prompts": write_jsonl(prompt_rows(), directory / "prompts.jsonl"),
     }
+
+
+def reward(prompt: str, completion: str, answer: str | None) -> float:
+    """The task's reward function for PPO/GRPO (`reward.function: trainer.tiny.task:reward`)."""
+    return check_answer(completion, answer or "")

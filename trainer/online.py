@@ -1,0 +1,279 @@
+"""`PPOTrainer` and `GRPOTrainer`: the online stages on ColossalChat's `OLTrainer` loop.
+
+An episode collects `num_collect_steps` batches of rollouts from the prompt stream, annotates
+them (old and reference log-probs; PPO: values, KL-shaped rewards and GAE; GRPO: group-normalised
+advantages), then takes `num_update_epochs` passes over the episode's experience in minibatches.
+Every optimizer step goes through `algorithms.update.train_step` with the algorithm's objective.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.algorithms.grpo import GRPOObjective, group_advantages
+from trainer.algorithms.ppo import (AdaptiveKLController, PPOActorObjective, PPOCriticObjective, gae_advantages,
+                                    kl_estimate, response_logps, response_values, shape_rewards, whiten)
+from trainer.algorithms.update import train_step
+from trainer.base import OLTrainer
+from trainer.booster import Booster
+from trainer.buffer import ReplayBuffer
+from trainer.checkpoint import CheckpointManager, Component
+from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig
+from trainer.data.sampler import ResumableSampler
+from trainer.data.tokenize import encode_prompt
+from trainer.experience import Experience, concat_experiences
+from trainer.rollout import decode_responses, generate
+from trainer.runtime import all_reduce_sum
+from trainer.supervised import StopTraining
+from trainer.tracking import Tracker
+
+logger = logging.getLogger(__name__)
+
+
+class PromptStream:
+    """Endless, resumable stream of this rank's prompt rows, re-shuffled every pass."""
+
+    def __init__(self, rows: list[dict], world_size: int, rank: int, seed: int) -> None:
+        self.rows = rows
+        self.world_size = world_size
+        self.sampler = ResumableSampler(len(rows), world_size, rank, shuffle=True, seed=seed)
+        self.epoch = 0
+        self.consumed = 0  # this rank's rows taken in the current pass
+        self._iterator = None
+
+    def restore(self, epoch: int, consumed_global: int) -> None:
+        self.epoch, self.consumed, self._iterator = epoch, consumed_global // self.world_size, None
+
+    def position(self) -> dict[str, int]:
+        return {"prompt_epoch": self.epoch, "prompt_samples": self.consumed * self.world_size}
+
+    def take(self, count: int) -> list[dict]:
+        rows = []
+        while len(rows) < count:
+            if self._iterator is None:
+                self.sampler.set_epoch(self.epoch)
+                self.sampler.skip(self.consumed)
+                self._iterator = iter(self.sampler)
+            index = next(self._iterator, None)
+            if index is None:
+                self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
+                continue
+            rows.append(self.rows[index])
+            self.consumed += 1
+        return rows
+
+
+class PPOTrainer(OLTrainer):
+    """PPO with an actor, a critic, a frozen reference and a reward source.
+
+    Args:
+        actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks:
+            As in `OLTrainer`.
+        actor: (model, optimizer, scheduler) of the policy.
+        critic: (model, optimizer, scheduler) of the value model; None for GRPO.
+        ref_model: Frozen reference policy.
+        scorer: Scores rollouts (reward model or function), see `trainer.rewards`.
+        tokenizer: Encodes prompts and decodes responses.
+        config: The stage config.
+        prompts: Prompt rows (`prompt`, optional `answer`).
+        checkpoints: Saves actor, critic and the loop position.
+        tracker: Receives metrics (no-op off rank 0).
+        ptx_batches: Optional SFT batches for the pretraining loss, cycled through.
+        stop_after_episodes: Save and stop after this episode count (a simulated preemption).
+    """
+
+    def __init__(self, actor_booster: Booster, critic_booster: Booster | None, data_buffer: ReplayBuffer,
+                 sample_buffer: bool = False, dataloader_pin_memory: bool = False, callbacks: list | None = None, *,
+                 actor: Component, critic: Component | None, ref_model: nn.Module, scorer: Any, tokenizer: Any,
+                 config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager, tracker: Tracker,
+                 ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None) -> None:
+        super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
+        self.actor, self.actor_optimizer, self.actor_scheduler = actor
+        self.critic, self.critic_optimizer, self.critic_scheduler = critic or (None, None, None)
+        self.ref_model = ref_model
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.config = config
+        self.options = config.ppo if isinstance(config, PPOConfig) else config.grpo
+        self.save_interval = config.checkpoint.save_interval
+        self.checkpoints = checkpoints
+        self.tracker = tracker
+        self.ptx_batches = ptx_batches or []
+        self.stop_after_episodes = stop_after_episodes
+        plugin = actor_booster.plugin
+        self.device = plugin.device
+        self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
+        self.global_step = 0
+        self.kl_controller = self._make_kl_controller()
+        self.last_metrics: dict[str, float] = {}
+
+    def _make_kl_controller(self) -> AdaptiveKLController | None:
+        options = self.config.ppo
+        return AdaptiveKLController(options.kl_coef, options.target_kl, options.kl_horizon)
+
+    # -- collect ------------------------------------------------------------------------------------
+
+    def _responses_per_prompt(self) -> int:
+        return 1
+
+    def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Generate responses for `rows` (repeated per prompt as the algorithm needs) and score them."""
+        repeat = self._responses_per_prompt()
+        rows = [row for row in rows for _ in range(repeat)]
+        batch = generate(self.actor, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in rows],
+                         self.config.generation, self.device)
+        prompts = [r["prompt"] if isinstance(r["prompt"], str) else str(r["prompt"]) for r in rows]
+        scores = self.scorer(batch, prompts, decode_responses(self.tokenizer, batch), [r.get("answer") for r in rows])
+        return batch, scores
+
+    @torch.no_grad()
+    def _make_experience(self, collect_step: int) -> Experience:
+        batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
+        return self.annotate(batch, scores)
+
+    @torch.no_grad()
+    def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:
+        """Add log-probs, values, rewards and advantages to freshly generated sequences."""
+        mask = batch["action_mask"].float()
+        old_logps = response_logps(self.actor, batch) * mask
+        ref_logps = response_logps(self.ref_model, batch) * mask
+        values = response_values(self.critic, batch) * mask
+        kl = kl_estimate(old_logps, ref_logps, self.config.ppo.kl_estimator) * mask
+        rewards = shape_rewards(scores, kl, mask, kl_coef=self.kl_controller.value,
+                                reward_clip=self.config.ppo.reward_clip)
+        advantages, returns = gae_advantages(rewards, values, mask, gamma=self.config.ppo.gamma, lam=self.config.ppo.lam)
+        if self.config.ppo.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        return Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
+                          rewards=rewards, advantages=advantages, returns=returns, version=version)
+
+    # -- learn --------------------------------------------------------------------------------------
+
+    def _setup_update_phase_dataload(self) -> None:
+        experience = concat_experiences(self.data_buffer.items, self.tokenizer.pad_token_id)
+        self._log_episode(experience)
+        generator = torch.Generator().manual_seed(self.config.train.seed + self.num_episodes_done)
+        self._experience = experience
+        self._generator = generator
+
+    def _minibatches(self) -> list[Experience]:
+        order = torch.randperm(len(self._experience), generator=self._generator)
+        return self._experience.select(order).split(self.options.mini_batch_size)
+
+    def _learn(self, update_step: int) -> None:
+        for minibatch in self._minibatches():
+            with self._learn_batch_ctx():
+                self.last_metrics = self.learn_minibatch(minibatch)
+                self.global_step += 1
+                if self.global_step % self.config.train.log_interval == 0:
+                    self.tracker.log_metrics(self.last_metrics, self.global_step)
+
+    def learn_minibatch(self, minibatch: Experience) -> dict[str, float]:
+        """One optimizer step of the actor (and critic) on a minibatch; returns its metrics."""
+        micro_batches = [m.as_batch() for m in minibatch.to(self.device).split(self.config.train.micro_batch_size)]
+        if self.ptx_batches:
+            ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)]
+            for batch in micro_batches:
+                batch.update(ptx_input_ids=ptx["input_ids"].to(self.device), ptx_labels=ptx["labels"].to(self.device))
+        metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, micro_batches,
+                             self.actor_objective(), self.options.max_grad_norm)
+        if self.critic is not None:
+            critic_metrics = train_step(self.critic_booster, self.critic, self.critic_optimizer, self.critic_scheduler,
+                                        micro_batches, self.critic_objective(), self.options.max_grad_norm)
+            metrics.update({k if k.startswith("value") else f"critic/{k}": v for k, v in critic_metrics.items()})
+        return metrics
+
+    def actor_objective(self) -> Any:
+        options = self.config.ppo
+        return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
+
+    def critic_objective(self) -> Any:
+        return PPOCriticObjective(cliprange_value=self.config.ppo.cliprange_value, vf_coef=self.config.ppo.vf_coef)
+
+    def _log_episode(self, experience: Experience) -> None:
+        mask = experience.action_mask.float()
+        kl_to_ref = ((experience.old_logps - experience.ref_logps) * mask).sum(-1)  # (B,) k1 per sequence
+        local = torch.stack([experience.scores.float().sum(), mask.sum(), kl_to_ref.sum(),
+                             torch.tensor(float(len(experience)), device=mask.device)])
+        score, tokens, kl, count = all_reduce_sum(local).tolist()
+        metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
+                   "episode/kl_to_ref": kl / count, "episode/kl_coef": self.kl_controller.value}
+        if self.kl_controller is not None:
+            self.kl_controller.update(kl / count, int(count))
+        self.tracker.log_metrics(metrics, self.global_step)
+        logger.info("episode %d: reward %.3f, length %.1f, kl %.4f", self.num_episodes_done,
+                    metrics["episode/reward_mean"], metrics["episode/response_length"], metrics["episode/kl_to_ref"])
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def components(self) -> dict[str, Component]:
+        parts = {"actor": (self.actor, self.actor_optimizer, self.actor_scheduler)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic, self.critic_optimizer, self.critic_scheduler)
+        return parts
+
+    def _should_save(self, episode: int) -> bool:
+        return super()._should_save(episode) or episode + 1 == self.stop_after_episodes
+
+    def _save_checkpoint(self, episode: int) -> None:
+        state = {"episode": episode + 1, "global_step": self.global_step, "kl_coef": self.kl_controller.value,
+                 **self.prompts.position()}
+        self.checkpoints.save(self.components(), state, episode + 1)
+        if self.stop_after_episodes is not None and episode + 1 >= self.stop_after_episodes:
+            raise StopTraining(f"stopped after episode {episode + 1} as requested")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.num_episodes_done = state["episode"]
+        self.global_step = state["global_step"]
+        self.kl_controller.value = state["kl_coef"]
+        self.prompts.restore(state["prompt_epoch"], state["prompt_samples"])
+
+    # -- evaluation ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, rows: list[dict]) -> float:
+        """Mean score of greedy responses to `rows`, split across ranks."""
+        plugin = self.actor_booster.plugin
+        mine = rows[plugin.rank::plugin.world_size]
+        greedy = self.config.generation.model_copy(update={"temperature": 0.0})
+        total = torch.zeros(2, device=self.device)
+        for start in range(0, len(mine), 64):
+            chunk = mine[start:start + 64]
+            batch = generate(self.actor, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in chunk],
+                             greedy, self.device)
+            scores = self.scorer(batch, [str(r["prompt"]) for r in chunk], decode_responses(self.tokenizer, batch),
+                                 [r.get("answer") for r in chunk])
+            total += torch.stack([scores.sum(), torch.tensor(float(len(chunk)), device=self.device)])
+        score, count = all_reduce_sum(total).tolist()
+        return score / max(count, 1)
+
+
+class GRPOTrainer(PPOTrainer):
+    """GRPO: `num_generations` responses per prompt, group-normalised advantages, no critic."""
+
+    def _make_kl_controller(self) -> AdaptiveKLController:
+        return AdaptiveKLController(0.0, None, 1)  # GRPO's KL is in the loss (beta), not the reward
+
+    def _responses_per_prompt(self) -> int:
+        return self.config.grpo.num_generations
+
+    @torch.no_grad()
+    def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:
+        mask = batch["action_mask"].float()
+        options = self.config.grpo
+        advantages = group_advantages(scores, options.num_generations, scale=options.scale_rewards)  # (B,)
+        return Experience(**batch, scores=scores, old_logps=response_logps(self.actor, batch) * mask,
+                          ref_logps=response_logps(self.ref_model, batch) * mask,
+                          advantages=advantages[:, None] * mask, version=version)
+
+    def actor_objective(self) -> Any:
+        options = self.config.grpo
+        return GRPOObjective(epsilon=options.epsilon, beta=options.beta, loss_aggregation=options.loss_aggregation)
+
+
+def trainer_class(config: OnlineStageConfig) -> type[PPOTrainer]:
+    return GRPOTrainer if isinstance(config, GRPOConfig) else PPOTrainer

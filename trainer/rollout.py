@@ -1,0 +1,80 @@
+"""Sampling responses with a KV cache (HF `generate`) and turning them into masked sequences.
+
+Prompts are left-padded so every response starts at the same column. The response is kept up to
+and including its first stop token; anything generated after it becomes padding with mask 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trainer.booster import unwrap_model
+from trainer.config import GenerationOptions
+
+
+def stop_token_ids(tokenizer: Any, options: GenerationOptions) -> list[int]:
+    """EOS plus the configured stop strings, each of which must be a single token."""
+    from trainer.errors import ConfigError
+
+    ids = [tokenizer.eos_token_id]
+    for text in options.stop:
+        encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(encoded) != 1:
+            raise ConfigError(f"generation.stop: {text!r} is {len(encoded)} tokens, expected exactly 1")
+        ids.append(encoded[0])
+    return ids
+
+
+def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """(B, P) ids and attention mask of left-padded prompts."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """Position ids that start at 0 on each row's first real token (what `generate` uses)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationOptions,
+             device: torch.device) -> dict[str, Tensor]:
+    """Sample one response per prompt.
+
+    Returns:
+        input_ids, attention_mask, action_mask, position_ids: (B, P + R), R the longest response.
+    """
+    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    stops = stop_token_ids(tokenizer, options)
+    sampling = {"do_sample": False} if options.temperature == 0 else {
+        "do_sample": True, "temperature": options.temperature, "top_p": options.top_p, "top_k": options.top_k or None}
+    policy = unwrap_model(model)
+    was_training = policy.training
+    policy.eval()
+    output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=options.max_new_tokens,
+                             eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, **sampling)
+    policy.train(was_training)
+    response = output[:, prompt_ids.shape[1]:]  # (B, R)
+    is_stop = torch.isin(response, torch.tensor(stops, device=device))
+    # Keep tokens up to and including the first stop: mask is 1 while no stop came *before* t.
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    response_mask = (stops_before == 0).long()  # (B, R)
+    response = response.masked_fill(response_mask == 0, tokenizer.pad_token_id)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    action_mask = torch.cat([torch.zeros_like(prompt_mask), response_mask], dim=1)
+    return {"input_ids": torch.cat([prompt_ids, response], dim=1), "attention_mask": attention_mask,
+            "action_mask": action_mask, "position_ids": positions_from_mask(attention_mask)}
+
+
+def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
+    """The response text of each row (special tokens dropped)."""
+    texts = []
+    for ids, mask in zip(batch["input_ids"], batch["action_mask"]):
+        texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
+    return texts
