@@ -60,3 +60,15 @@ def sft_model(tmp_path_factory, tiny_model, task_files) -> Path:
                          optimizer={"lr": 3e-3, "warmup_steps": 5}, train={"max_epochs": 60, "micro_batch_size": 16})
     run_stage(config)
     return output / "model"
+
+
+@pytest.fixture(scope="session")
+def rl_start_model(tmp_path_factory, tiny_model, task_files) -> Path:
+    """A briefly fine-tuned model that knows the format but not all sums: room for PPO/GRPO to improve."""
+    from trainer.stages import run_stage
+
+    output = tmp_path_factory.mktemp("sft-short")
+    config = make_config("sft", output, tiny_model, task_files["sft_train"], None,
+                         optimizer={"lr": 3e-3, "warmup_steps": 5}, train={"max_epochs": 20, "micro_batch_size": 16})
+    run_stage(config)
+    return output / "model"

@@ -30,7 +30,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_torchrun(stage: str, config: dict, directory: Path) -> list[dict[str, torch.Tensor]]:
+def run_torchrun(stage: str, config: dict, directory: Path, suffix: str = "") -> list[dict[str, torch.Tensor]]:
     config_path = directory / f"{stage}.yaml"
     config_path.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -38,7 +38,7 @@ def run_torchrun(stage: str, config: dict, directory: Path) -> list[dict[str, to
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [torch.load(directory / f"rank{rank}.pt") for rank in range(2)]
+    return [torch.load(directory / f"rank{rank}{suffix}.pt") for rank in range(2)]
 
 
 def run_single(stage: str, config: dict) -> dict[str, torch.Tensor]:
@@ -82,3 +82,18 @@ def test_two_ranks_agree_and_match_one_process_dpo_with_precomputed_reference(tm
 
     assert_states_close(rank0, rank1, rtol=0, atol=0)
     assert_states_close(rank0, single, rtol=1e-4, atol=1e-5)
+
+
+def test_ppo_actor_and_critic_agree_across_ranks(tmp_path, tiny_model, task_files):
+    config = stage_dict("ppo", tmp_path / "ppo", tiny_model, task_files["prompts"],
+                        optimizer={"lr": 1e-3, "scheduler": "constant"}, train={"micro_batch_size": 4},
+                        generation={"max_new_tokens": 4}, reward={"function": "trainer.tiny.task:reward"},
+                        ppo={"num_episodes": 2, "rollout_batch_size": 8, "mini_batch_size": 4, "critic_lr": 1e-3},
+                        parallel={"plugin": "ddp"})
+    actor0, actor1 = run_torchrun("ppo", config, tmp_path)
+    critic0, critic1 = [torch.load(tmp_path / f"rank{rank}-critic.pt") for rank in range(2)]
+    initial = load_file(tiny_model / "model.safetensors")
+
+    assert_states_close(actor0, actor1, rtol=0, atol=0)
+    assert_states_close(critic0, critic1, rtol=0, atol=0)
+    assert not torch.allclose(actor0["lm_head.weight"], initial["lm_head.weight"])

@@ -1,6 +1,8 @@
 """Run one stage under torchrun and dump every rank's full parameters to `<dump_dir>/rank<R>.pt`.
 
 Usage: torchrun --nproc_per_node=2 torchrun_stage.py STAGE CONFIG DUMP_DIR
+
+For ppo the critic's parameters go to `<dump_dir>/rank<R>-critic.pt` as well.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from trainer.config import load_config
 from trainer.runtime import read_distributed_env, setup_logging
+from trainer.online_stages import run_online_stage
 from trainer.stages import run_stage
 
 
@@ -20,10 +23,18 @@ def main() -> None:
     stage, config_path, dump_dir = sys.argv[1:4]
     env = read_distributed_env()
     setup_logging(env)
-    result = run_stage(load_config(stage, config_path))
-    # Without cpu_offload every rank gathers the full tensors (FSDP2 included), so ranks can be compared.
-    state = get_model_state_dict(result.model, options=StateDictOptions(full_state_dict=True))
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, f"{dump_dir}/rank{env.rank}.pt")
+    config = load_config(stage, config_path)
+    if stage in ("ppo", "grpo"):
+        result = run_online_stage(config)
+        models = {"": result.actor, "-critic": result.critic}
+    else:
+        models = {"": run_stage(config).model}
+    for suffix, model in models.items():
+        if model is None:
+            continue
+        # Without cpu_offload every rank gathers the full tensors (FSDP2 included), so ranks can be compared.
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, f"{dump_dir}/rank{env.rank}{suffix}.pt")
     dist.destroy_process_group()
 
 
