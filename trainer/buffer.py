@@ -70,7 +70,7 @@ class QueueBuffer:
         try:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
-            raise BufferTimeout(f"no experience in the in-process buffer for {timeout:.0f} s") from None
+            raise BufferTimeout(f"no experience in the in-process buffer for {timeout:g} s") from None
         if item is None:
             self._queue.put(None)  # stay closed for later readers
         return item
@@ -117,14 +117,17 @@ class FileBuffer:
         deadline = time.monotonic() + timeout
         while True:
             path = self._path(self._next_read)
+            # Look at the marker before the file: the producer writes its last batch before the
+            # marker, so a closed buffer with no next file really is drained.
+            was_closed = self.is_closed()
             if path.exists():
                 experience = torch.load(path, weights_only=False)
                 path.unlink()
                 self._next_read += 1
                 return experience
-            if self.is_closed():
+            if was_closed:
                 return None
             if time.monotonic() > deadline:
-                raise BufferTimeout(f"{self.directory}: no batch {path.name} after {timeout:.0f} s "
+                raise BufferTimeout(f"{self.directory}: no batch {path.name} after {timeout:g} s "
                                     "(is the explorer running?)")
             time.sleep(self.poll_interval)

@@ -206,7 +206,7 @@ class Trainer:
                 if self.need_sync():
                     await self.sync_weight()
                 if time.monotonic() > deadline:
-                    raise BufferTimeout(f"{self.buffer.directory}: no experience for {self.options.wait_timeout:.0f} s "
+                    raise BufferTimeout(f"{self.buffer.directory}: no experience for {self.options.wait_timeout:g} s "
                                         f"at trainer step {self.train_step_num}; is the explorer running?") from None
 
     async def train(self) -> str:

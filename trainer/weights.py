@@ -46,7 +46,7 @@ def wait_for_version(directory: str | Path, minimum: int, timeout: float, poll_i
     deadline = time.monotonic() + timeout
     while (version := latest_version(directory)) < minimum:
         if time.monotonic() > deadline:
-            raise BufferTimeout(f"{directory}: weight version {minimum} not published after {timeout:.0f} s "
+            raise BufferTimeout(f"{directory}: weight version {minimum} not published after {timeout:g} s "
                                 f"(newest is {version}); is the trainer running?")
         time.sleep(poll_interval)
     return version
