@@ -1,7 +1,8 @@
 """Row schemas of the three dataset kinds, checked before tokenization.
 
 - SFT: `messages` (a list of `{role, content}` with at least one assistant turn), or
-  `prompt` + `completion` (both strings, or both lists of messages).
+  `prompt` + `completion` (both strings, or both lists of messages). A string response
+  (`completion`, `chosen`, `rejected`) may be empty: it is then just EOS.
 - preference: `prompt`, `chosen`, `rejected` (strings, or lists of messages); optional number `margin`.
 - prompts: `prompt` (string or messages); optional `answer` (string).
 """
@@ -26,12 +27,16 @@ def _check_messages(value: Any, field: str) -> str | None:
     return None
 
 
+RESPONSE_FIELDS = ("completion", "chosen", "rejected")
+
+
 def _check_text_or_messages(row: dict, field: str) -> str | None:
     value = row.get(field)
     if value is None:
         return f"missing field {field!r}"
     if isinstance(value, str):
-        return None if value else f"{field} is empty"
+        # An empty response is a real answer (just EOS), e.g. a refusal to answer; a prompt is not.
+        return None if value or field in RESPONSE_FIELDS else f"{field} is empty"
     return _check_messages(value, field)
 
 

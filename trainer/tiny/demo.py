@@ -1,4 +1,4 @@
-"""`make demo`: SFT -> reward model -> DPO on the tiny addition task, through `python -m trainer`.
+"""`make demo`: SFT, then reward model, DPO, PPO and GRPO on the tiny addition task, via `python -m trainer`.
 
 Builds the tiny model, tokenizer and data offline, writes one config per stage, runs each stage as
 the command a PyTorchJob would run, and ends with a summary: per stage its time, key metrics and
@@ -33,11 +33,24 @@ def stage_configs(out: Path, data: dict[str, Path], base_model: Path) -> dict[st
             "checkpoint": {"save_interval": 50, "keep_last": 2},
         }
 
+    def online(stage: str, options: dict) -> dict:
+        config = common(stage, sft_model, "prompts", "prompts", 5e-4, 1)
+        config["optimizer"]["scheduler"] = "constant"
+        config["train"]["micro_batch_size"] = 64
+        config["checkpoint"]["save_interval"] = 10
+        # The task's checker is the reward: a reward model this small is easy to exploit (see README).
+        return {**config, "generation": {"max_new_tokens": 4, "temperature": 0.7},
+                "reward": {"function": "trainer.tiny.task:reward"}, stage: options}
+
     sft_model = out / "sft" / "model"
     return {
         "sft": common("sft", base_model, "sft_train", "sft_eval", 3e-3, 20),
         "rm": common("rm", sft_model, "pref_train", "pref_eval", 1e-3, 15),
         "dpo": {**common("dpo", sft_model, "pref_train", "pref_eval", 5e-4, 2), "dpo": {"beta": 0.1}},
+        "ppo": online("ppo", {"num_episodes": 40, "rollout_batch_size": 256, "mini_batch_size": 64,
+                              "kl_coef": 0.02, "critic_lr": 1e-3}),
+        "grpo": online("grpo", {"num_episodes": 40, "rollout_batch_size": 32, "num_generations": 8,
+                                "mini_batch_size": 64}),
     }
 
 
@@ -69,21 +82,31 @@ def main() -> int:
 
     hf_logging.disable_progress_bar()
     metrics = {stage: json.loads((out / stage / "final_metrics.json").read_text()) for stage in configs}
-    accuracy = {name: checkable_accuracy(path, data["prompts"])
-                for name, path in [("base", base_model), ("sft", out / "sft" / "model"), ("dpo", out / "dpo" / "model")]}
+    policies = [("base", base_model)] + [(s, out / s / "model") for s in ("sft", "dpo", "ppo", "grpo")]
+    accuracy = {name: checkable_accuracy(path, data["prompts"]) for name, path in policies}
     key_metrics = {
         "sft": f"eval loss {metrics['sft']['eval/loss']:.3f}, checkable reward {accuracy['sft']:.2f}",
         "rm": f"held-out pair accuracy {metrics['rm']['eval/accuracy']:.2f}, margin {metrics['rm']['eval/rewards/margins']:.2f}",
         "dpo": f"held-out reward accuracy {metrics['dpo']['eval/rewards/accuracies']:.2f}, "
                f"checkable reward {accuracy['dpo']:.2f}",
     }
+    for stage in ("ppo", "grpo"):
+        key_metrics[stage] = (f"sampled reward {_first_and_last_reward(out / stage)}, "
+                              f"checkable reward {accuracy[stage]:.2f}")
     print("\n=== summary")
     print(f"{'stage':<6} {'time':>7}  {'key metrics':<62} model")
     for stage in configs:
         print(f"{stage:<6} {seconds[stage]:>6.1f}s  {key_metrics[stage]:<62} {out / stage / 'model'}")
-    print(f"\ncheckable reward (greedy accuracy on {data['prompts'].name}): "
-          f"base {accuracy['base']:.2f} -> sft {accuracy['sft']:.2f} -> dpo {accuracy['dpo']:.2f}")
+    print(f"\ncheckable reward (greedy accuracy on {data['prompts'].name}): base {accuracy['base']:.2f} -> "
+          f"sft {accuracy['sft']:.2f} -> " + ", ".join(f"{s} {accuracy[s]:.2f}" for s in ("dpo", "ppo", "grpo")))
     return 0
+
+
+def _first_and_last_reward(run_dir: Path) -> str:
+    """Mean training reward of the first and the last five episodes, as 'a -> b'."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rewards = [line["episode/reward_mean"] for line in lines if "episode/reward_mean" in line]
+    return f"{sum(rewards[:5]) / 5:.2f} -> {sum(rewards[-5:]) / 5:.2f}"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A small addition task whose answers can be checked.
 
 Prompts are `"a+b="` with single-digit operands and the answer is the decimal sum. SFT rows teach
-the format, preference rows prefer the correct sum over a near miss, and prompt rows carry the
+the format, preference rows prefer the correct sum over a near miss or a malformed answer, and prompt rows carry the
 answer so a reward function (`check_answer`) can score generations for PPO/GRPO.
 """
 
@@ -22,10 +22,12 @@ def check_answer(completion: str, answer: str) -> float:
     return 1.0 if text == answer else 0.0
 
 
-def _near_miss(answer: str, rng: random.Random) -> str:
+def _wrong_answer(answer: str, rng: random.Random) -> str:
+    """A near miss, or a malformed answer (empty, or a digit too many) so a reward model trained on
+    these pairs also penalises the shapes a policy could otherwise exploit."""
     value = int(answer)
-    candidates = [value + d for d in (-3, -2, -1, 1, 2, 3, 10) if value + d >= 0]
-    return str(rng.choice(candidates))
+    candidates = [str(value + d) for d in (-3, -2, -1, 1, 2, 3, 10) if value + d >= 0]
+    return rng.choice(candidates + ["", answer + answer[-1]])
 
 
 def sft_rows(max_operand: int = 9, chat: bool = False) -> list[dict]:
@@ -41,7 +43,7 @@ def sft_rows(max_operand: int = 9, chat: bool = False) -> list[dict]:
 def preference_rows(num_per_problem: int, seed: int, max_operand: int = 9) -> list[dict]:
     rng = random.Random(seed)
     return [
-        {"prompt": prompt, "chosen": answer, "rejected": _near_miss(answer, rng)}
+        {"prompt": prompt, "chosen": answer, "rejected": _wrong_answer(answer, rng)}
         for prompt, answer in problems(max_operand)
         for _ in range(num_per_problem)
     ]

@@ -197,9 +197,9 @@ def test_schema_bad_row_names_file_line_and_problem(tmp_path, schema, good_rows,
 
 
 def test_schema_bad_parquet_row_names_file_and_row_number(tmp_path):
-    rows = [PREFERENCE_ROWS[0], {"prompt": "p", "chosen": "", "rejected": "b", "margin": 1.0}]
+    rows = [PREFERENCE_ROWS[0], {"prompt": "", "chosen": "a", "rejected": "b", "margin": 1.0}]
     path = write_parquet(tmp_path / "rows.parquet", rows)
-    with pytest.raises(DataError, match=rf"^{path}:row 2: chosen is empty$"):
+    with pytest.raises(DataError, match=rf"^{path}:row 2: prompt is empty$"):
         load_rows(str(path), "preference", skip_bad_rows=False)
 
 
