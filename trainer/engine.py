@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from trainer.buffer import BufferTimeout, FileBuffer
+from trainer.buffer import BufferTimeout, ExperienceBuffer, FileBuffer
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
 from trainer.errors import ConfigError
 from trainer.experience import Experience, concat_experiences
@@ -158,13 +158,15 @@ class Trainer:
     Args:
         config: A PPO or GRPO config; its `asynchronous` section sets buffer, weights, intervals
             and timeouts.
+        buffer: Where experience comes from; default the file buffer in `asynchronous.buffer_dir`
+            (a `QueueBuffer` serves an explorer thread in the same process).
     """
 
-    def __init__(self, config: OnlineStageConfig) -> None:
+    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None) -> None:
         self.config = config
         self.options = config.asynchronous
         self.engine = get_trainer_wrapper(config)
-        self.buffer = FileBuffer(buffer_dir(config))
+        self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self._alive = False
         self._synced_step = -1
 
@@ -206,7 +208,7 @@ class Trainer:
                 if self.need_sync():
                     await self.sync_weight()
                 if time.monotonic() > deadline:
-                    raise BufferTimeout(f"{self.buffer.directory}: no experience for {self.options.wait_timeout:g} s "
+                    raise BufferTimeout(f"{getattr(self.buffer, 'directory', 'buffer')}: no experience for {self.options.wait_timeout:g} s "
                                         f"at trainer step {self.train_step_num}; is the explorer running?") from None
 
     async def train(self) -> str:

@@ -146,8 +146,8 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
 
 def test_unknown_stage_is_rejected(tmp_path):
     path = write_yaml(tmp_path, VALID_DPO)
-    with pytest.raises(ConfigError, match="unknown stage 'ppo'"):
-        load_config("ppo", path)
+    with pytest.raises(ConfigError, match="unknown stage 'kto'"):
+        load_config("kto", path)
 
 
 def test_config_error_is_an_alignflow_error():
@@ -237,8 +237,17 @@ def test_defaults_fill_every_section_left_out(tmp_path):
 
 def test_each_stage_loads_its_own_config_class(tmp_path):
     path = write_yaml(tmp_path, VALID_DPO.replace("dpo:\n  beta: 0.1\n", ""))
+    online = ["reward.function=trainer.tiny.task:reward"]  # the online stages need a reward source
     for stage, config_class in STAGE_CONFIGS.items():
-        assert type(load_config(stage, path)) is config_class
+        assert type(load_config(stage, path, online if stage in ("ppo", "grpo") else [])) is config_class
+
+
+def test_online_stage_needs_exactly_one_reward_source(tmp_path):
+    path = write_yaml(tmp_path, VALID_DPO.replace("dpo:\n  beta: 0.1\n", ""))
+    with pytest.raises(ConfigError, match="missing required field reward"):
+        load_config("ppo", path)
+    with pytest.raises(ConfigError, match="set exactly one of model_path"):
+        load_config("grpo", path, ["reward.function=m:f", "reward.model_path=/rm"])
 
 
 def test_default_lists_are_not_shared_between_configs(tmp_path):
