@@ -17,7 +17,7 @@ from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.data.dataset import load_rows
 from trainer.data.tokenize import encode_prompt
 from trainer.engine import buffer_dir, weights_dir
-from trainer.buffer import FileBuffer
+from trainer.buffer import ExperienceBuffer, FileBuffer
 from trainer.experience import Experience
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.online import PromptStream
@@ -36,9 +36,14 @@ def required_version(batch_index: int, sync_interval: int, sync_offset: int) -> 
 
 
 class Explorer:
-    """Generates experience batches from prompts with the newest published policy."""
+    """Generates experience batches from prompts with the newest published policy.
 
-    def __init__(self, config: OnlineStageConfig) -> None:
+    Args:
+        config: The stage config (model, prompts, generation, reward, `asynchronous` section).
+        buffer: Where batches go; default the file buffer in `asynchronous.buffer_dir`.
+    """
+
+    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None) -> None:
         self.config = config
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
@@ -49,7 +54,7 @@ class Explorer:
         self.scorer = build_scorer(config, self.device)
         rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
         self.prompts = PromptStream(rows, 1, 0, config.train.seed)
-        self.buffer = FileBuffer(buffer_dir(config))
+        self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         options = config.grpo if isinstance(config, GRPOConfig) else config.ppo
         self.batch_size = options.rollout_batch_size
         self.repeat = config.grpo.num_generations if isinstance(config, GRPOConfig) else 1

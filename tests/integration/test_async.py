@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from tests.conftest import stage_dict
-from trainer.buffer import BufferTimeout
+import threading
+
+from trainer.buffer import BufferTimeout, QueueBuffer
 from trainer.config import build_config
 from trainer.engine import Trainer
 from trainer.explorer import Explorer
@@ -103,3 +105,24 @@ def test_explorer_without_trainer_ends_in_a_timeout_error(tmp_path, rl_start_mod
     config = build_config("grpo", async_config(tmp_path, rl_start_model, task_files["prompts"], wait_timeout=1))
     with pytest.raises(BufferTimeout, match="not published"):
         Explorer(config).run()
+
+
+def test_trainer_and_explorer_thread_share_an_in_process_queue(tmp_path, rl_start_model, task_files):
+    config = build_config("grpo", async_config(tmp_path, rl_start_model, task_files["prompts"], total_steps=3))
+    queue = QueueBuffer()
+    explorer = Explorer(config, buffer=queue)
+    thread = threading.Thread(target=explorer.run, daemon=True)
+
+    async def train() -> int:
+        trainer = Trainer(config, buffer=queue)
+        try:
+            await trainer.prepare()
+            thread.start()  # after version 0 is published
+            await trainer.train()
+            return trainer.train_step_num
+        finally:
+            await trainer.shutdown()
+
+    assert asyncio.run(train()) == 3
+    thread.join(timeout=60)
+    assert explorer.version >= 1  # the explorer thread loaded a newer version than the first
