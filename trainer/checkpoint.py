@@ -1,21 +1,22 @@
 """Atomic, resumable checkpoints under `<output_dir>/checkpoints/`.
 
+The checkpoint root is a local path or an `s3://` URI (through `trainer.storage`).
 Layout of one checkpoint, `step-00000042/`: for each trained component NAME (`model` for the
 supervised stages, `actor` and `critic` for PPO) `NAME.pt`, `NAME.optimizer.pt` and
 `NAME.scheduler.pt` (full state dicts, see `Booster`); `rng-rank<R>.pt` (each rank's
-python/numpy/torch RNG states); and `trainer_state.json` (the loop position). Only after all of
-them exist does rank 0 replace the `latest` file (write to a temporary name, then rename), so a
-reader never picks up a half-written checkpoint; a crash mid-save leaves the previous `latest`.
-Older checkpoints are deleted only after a newer one is complete.
+python/numpy/torch RNG states); and `trainer_state.json` (the loop position), written last as the
+checkpoint's completion marker. Only then does rank 0 replace the `latest` pointer (atomically),
+so a reader never picks up a half-written checkpoint; a crash or a failed upload mid-save leaves
+the previous `latest`. Older checkpoints are deleted only after a newer one is complete.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import shutil
+import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,14 @@ import torch.distributed as dist
 from trainer.booster import Booster
 from trainer.errors import CheckpointError
 from trainer.runtime import barrier
+from trainer.storage import get_storage, join_uri
+from trainer.storage.base import is_remote
+from trainer.storage.transfer import download_prefix, upload_dir
 
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
+STATE_FILE = "trainer_state.json"
 
 # (model, optimizer, lr scheduler) of one trained network.
 Component = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
@@ -86,28 +91,30 @@ class CheckpointManager:
     """Saves and finds checkpoints of one run.
 
     Args:
-        root: The run's checkpoint directory.
+        root: The run's checkpoint directory: a local path or an `s3://` URI.
         booster: Writes model/optimizer/scheduler state for the run's plugin.
         keep_last: Number of complete checkpoints to keep (0 keeps all).
         boosters: Per-component boosters where they differ from `booster` (e.g. the critic's).
     """
 
-    def __init__(self, root: Path, booster: Booster, keep_last: int = 0,
+    def __init__(self, root: str | Path, booster: Booster, keep_last: int = 0,
                  boosters: dict[str, Booster] | None = None) -> None:
-        self.root = root
+        self.root = str(root).rstrip("/")
+        self.storage = get_storage(self.root)
         self.booster = booster
-        self.boosters = dict(boosters or {})
         self.keep_last = keep_last
+        self.boosters = dict(boosters or {})
         self.is_main_process = booster.plugin.is_main_process
+        self._pending: threading.Thread | None = None
 
-    def latest(self) -> Path | None:
+    def latest(self) -> str | None:
         """The newest complete checkpoint, or None. Directories without a `latest` pointer are ignored."""
-        pointer = self.root / LATEST
-        if not pointer.is_file():
+        pointer = join_uri(self.root, LATEST)
+        if not self.storage.exists(pointer):
             return None
-        directory = self.root / pointer.read_text().strip()
-        if not (directory / "trainer_state.json").is_file():
-            raise CheckpointError(f"{pointer} names {directory.name}, which has no trainer_state.json")
+        directory = join_uri(self.root, self.storage.read_bytes(pointer).decode().strip())
+        if not self.storage.exists(join_uri(directory, STATE_FILE)):
+            raise CheckpointError(f"{pointer} names {directory}, which has no {STATE_FILE}")
         return directory
 
     def snapshot(self, components: dict[str, Component], state: TrainerState | dict,
@@ -134,42 +141,66 @@ class CheckpointManager:
             files = copy_tensors(files)
         return {"files": files, "state": state if isinstance(state, dict) else asdict(state)}
 
-    def write(self, snapshot: dict[str, Any], step: int) -> Path:
-        """Write a snapshot as `step-<step>` and then point `latest` at it. Rank 0 only; no collectives."""
-        directory = self.root / f"step-{step:08d}"
-        if directory.exists():  # left by a crash before its `latest` was written
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-        for name, payload in snapshot["files"].items():
-            torch.save(payload, directory / name)
-        (directory / "trainer_state.json").write_text(json.dumps(snapshot["state"]))
-        temporary = self.root / f".{LATEST}.tmp"
-        temporary.write_text(directory.name)
-        os.replace(temporary, self.root / LATEST)
-        self._apply_retention()
+    def write(self, snapshot: dict[str, Any], step: int) -> str:
+        """Write a snapshot as `step-<step>`, marker last, then point `latest` at it. Rank 0; no collectives."""
+        name = f"step-{step:08d}"
+        directory = join_uri(self.root, name)
+        with tempfile.TemporaryDirectory(prefix="alignflow-checkpoint-") as staging_root:
+            staging = Path(staging_root) / name
+            staging.mkdir()
+            for file_name, payload in snapshot["files"].items():
+                torch.save(payload, staging / file_name)
+            (staging / STATE_FILE).write_text(json.dumps(snapshot["state"]))
+            self._remove(directory)  # left by a crash before its `latest` was written
+            upload_dir(staging, directory, skip=(STATE_FILE,))
+            self.storage.upload_file(staging / STATE_FILE, join_uri(directory, STATE_FILE))
+        self.storage.write_bytes(join_uri(self.root, LATEST), name.encode())
+        self._apply_retention(name)
         logger.info("saved checkpoint %s", directory)
         return directory
 
-    def save(self, components: dict[str, Component], state: TrainerState | dict, step: int) -> Path:
+    def save(self, components: dict[str, Component], state: TrainerState | dict, step: int,
+             block: bool = True) -> str:
         """Write every component and the loop state as `step-<step>`, then point `latest` at it.
 
         Args:
             components: name -> (model, optimizer, scheduler); each is saved under its name.
             state: The loop position, a dataclass or a JSON-able dict.
             step: Names the checkpoint directory.
+            block: Wait for the files; False writes (uploads) them on a background thread
+                while training goes on. `wait` joins it; the next save waits for it first.
 
         Returns:
-            The checkpoint directory.
+            The checkpoint directory's URI.
         """
-        snapshot = self.snapshot(components, state)
+        self.wait()
+        snapshot = self.snapshot(components, state, copy=not block)
         if self.is_main_process:
-            self.write(snapshot, step)
-        barrier()
-        return self.root / f"step-{step:08d}"
+            if block:
+                self.write(snapshot, step)
+            else:
+                self._pending = threading.Thread(target=self.write, args=(snapshot, step), daemon=True)
+                self._pending.start()
+        if block:
+            barrier()
+        return join_uri(self.root, f"step-{step:08d}")
 
-    def load(self, directory: Path, components: dict[str, Component]) -> dict[str, Any]:
+    def wait(self) -> None:
+        """Block until a background save has finished."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def load(self, directory: str, components: dict[str, Component]) -> dict[str, Any]:
         """Restore every component and this rank's RNG; return the saved loop state as a dict."""
-        state = json.loads((directory / "trainer_state.json").read_text())
+        with tempfile.TemporaryDirectory(prefix="alignflow-resume-") as scratch:
+            local = Path(directory) if not is_remote(directory) else Path(scratch)
+            if is_remote(directory):
+                download_prefix(directory, local)
+            return self._load_local(local, components)
+
+    def _load_local(self, directory: Path, components: dict[str, Component]) -> dict[str, Any]:
+        state = json.loads((directory / STATE_FILE).read_text())
         for name, (model, optimizer, scheduler) in components.items():
             booster = self.boosters.get(name, self.booster)
             if not (directory / f"{name}.pt").is_file():
@@ -186,13 +217,24 @@ class CheckpointManager:
         logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
         return state
 
-    def _apply_retention(self) -> None:
+    def _step_names(self) -> list[str]:
+        prefix = self.root + "/"
+        names = {uri[len(prefix):].split("/", 1)[0] for uri in self.storage.list(self.root)}
+        return sorted(n for n in names if n.startswith("step-"))
+
+    def _remove(self, directory: str) -> None:
+        if is_remote(directory):
+            for uri in self.storage.list(directory):
+                self.storage.delete(uri)
+        else:
+            self.storage.delete(directory)
+
+    def _apply_retention(self, latest: str) -> None:
         if self.keep_last <= 0:
             return
-        latest = (self.root / LATEST).read_text().strip()
-        steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
-        complete = [p for p in steps if (p / "trainer_state.json").is_file()]
-        keep = {p.name for p in complete[-self.keep_last:]} | {latest}
-        for path in steps:
-            if path.name not in keep and path.name < latest:
-                shutil.rmtree(path, ignore_errors=True)
+        names = self._step_names()
+        complete = [n for n in names if self.storage.exists(join_uri(self.root, n, STATE_FILE))]
+        keep = set(complete[-self.keep_last:]) | {latest}
+        for name in names:
+            if name not in keep and name < latest:
+                self._remove(join_uri(self.root, name))

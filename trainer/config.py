@@ -39,14 +39,16 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field(description="Local directory of a Hugging Face causal LM and its tokenizer.")
+    path: str = Field(description="Hugging Face causal LM and tokenizer: a local directory or an s3:// prefix.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="Attention kernel of the HF model.")
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter (needs the `lora` extra); null trains all weights.")
 
 
 class DataConfig(Section):
-    train_path: str = Field(description="Training data: a .jsonl or .parquet file, or a local HF `datasets` directory.")
+    train_path: str = Field(
+        description="Training data: a .jsonl or .parquet file, or an HF `datasets` directory; local or s3://."
+    )
     eval_path: str | None = Field(None, description="Held-out data in the same schema; null skips evaluation.")
     max_length: int = Field(512, gt=0, description="Longest tokenized sample in tokens; longer samples are truncated.")
     skip_bad_rows: bool = Field(
@@ -90,7 +92,9 @@ class ParallelConfig(Section):
 
 
 class StageConfig(Section):
-    output_dir: str = Field(description="Directory for checkpoints, metrics and the final HF model (`<output_dir>/model`).")
+    output_dir: str = Field(
+        description="Local directory or s3:// URI for checkpoints, metrics and the final HF model (`<output_dir>/model`)."
+    )
     model: ModelConfig
     data: DataConfig
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and schedule.")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -30,11 +29,15 @@ logger = logging.getLogger(__name__)
 
 
 def buffer_dir(config: OnlineStageConfig) -> Path:
-    return Path(config.asynchronous.buffer_dir or Path(config.output_dir) / "buffer")
+    from trainer.stages import local_work_dir
+
+    return Path(config.asynchronous.buffer_dir or local_work_dir(config.output_dir) / "buffer")
 
 
 def weights_dir(config: OnlineStageConfig) -> Path:
-    return Path(config.asynchronous.weights_dir or Path(config.output_dir) / "weights")
+    from trainer.stages import local_work_dir
+
+    return Path(config.asynchronous.weights_dir or local_work_dir(config.output_dir) / "weights")
 
 
 class TrainEngineWrapper(ABC):
@@ -76,7 +79,6 @@ class TorchTrainEngine(TrainEngineWrapper):
     def __init__(self, config: OnlineStageConfig) -> None:
         self.config = config
         self.options = config.ppo if isinstance(config, PPOConfig) else config.grpo
-        self._save_thread: threading.Thread | None = None
         self._step = 0
 
     def prepare(self) -> None:
@@ -111,24 +113,17 @@ class TorchTrainEngine(TrainEngineWrapper):
         return metrics
 
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
-        self.wait_for_save()
         state = {"train_step": self._step, "episode": 0, "global_step": self.trainer.global_step,
                  "kl_coef": self.trainer.kl_controller.value, **self.trainer.prompts.position()}
-        snapshot = self.trainer.checkpoints.snapshot(self.trainer.components(), state, copy=not block_until_saved)
-        step = self._step
-        self._save_thread = threading.Thread(target=self.trainer.checkpoints.write, args=(snapshot, step), daemon=True)
-        self._save_thread.start()
-        if block_until_saved:
-            self.wait_for_save()
+        # Non-blocking: tensors are copied, then written (uploaded) by a background thread.
+        self.trainer.checkpoints.save(self.trainer.components(), state, self._step, block=block_until_saved)
         if save_as_hf:
             from trainer.online_stages import _export
 
             _export(self.context, self.trainer, {"train_step": self._step, **self.trainer.last_metrics})
 
     def wait_for_save(self) -> None:
-        if self._save_thread is not None:
-            self._save_thread.join()
-            self._save_thread = None
+        self.trainer.checkpoints.wait()
 
     def sync_weight(self) -> None:
         self.save_state_dict()

@@ -24,7 +24,10 @@ VALUE_HEAD_MARKER = "alignflow_value_model.json"
 
 
 def _check_path(path: str, key: str = "model.path") -> Path:
-    directory = Path(path)
+    """The local directory of a model given by path or `s3://` URI (downloaded once into the cache)."""
+    from trainer.storage.transfer import cached_copy
+
+    directory = cached_copy(path)
     if not (directory / "config.json").is_file():
         raise ConfigError(f"{key}: {path} is not a local Hugging Face model directory (no config.json)")
     return directory

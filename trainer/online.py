@@ -222,7 +222,8 @@ class PPOTrainer(OLTrainer):
     def _save_checkpoint(self, episode: int) -> None:
         state = {"episode": episode + 1, "global_step": self.global_step, "kl_coef": self.kl_controller.value,
                  **self.prompts.position()}
-        self.checkpoints.save(self.components(), state, episode + 1)
+        is_last = episode + 1 >= self.options.num_episodes or episode + 1 == self.stop_after_episodes
+        self.checkpoints.save(self.components(), state, episode + 1, block=is_last)
         if self.stop_after_episodes is not None and episode + 1 >= self.stop_after_episodes:
             raise StopTraining(f"stopped after episode {episode + 1} as requested")
 

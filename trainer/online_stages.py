@@ -24,7 +24,8 @@ from trainer.models import export_model, load_causal_lm, load_value_model
 from trainer.online import PPOTrainer, trainer_class
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.rewards import FunctionScorer, RewardModelScorer, load_reward_function
-from trainer.stages import RunContext, build_context, open_outputs, seed_everything
+from trainer.stages import RunContext, build_context, open_outputs, publish_outputs, seed_everything
+from trainer.storage import join_uri
 from trainer.supervised import StopTraining
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     if critic_model is not None:
         critic_optimizer_config = config.optimizer.model_copy(update={"lr": config.ppo.critic_lr})
         critic = boost_component(critic_booster, critic_model, critic_optimizer_config, total)
-    checkpoints = CheckpointManager(context.output_dir / "checkpoints", context.booster, config.checkpoint.keep_last,
+    checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last,
                                     boosters={"critic": critic_booster} if critic_booster else None)
     return trainer_class(config)(
         context.booster, critic_booster, ReplayBuffer(), actor=actor, critic=critic, ref_model=reference,
@@ -149,4 +150,5 @@ def _export(context: RunContext, trainer: PPOTrainer, metrics: dict[str, float])
             scale = lora.alpha / lora.r if lora and name == "model" else None
             export_model(unwrap_model(model), states[name], context.tokenizer, context.output_dir / name, lora_scale=scale)
         (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-        logger.info("model written to %s", context.output_dir / "model")
+        logger.info("model written to %s", join_uri(context.output_uri, "model"))
+    publish_outputs(context, tuple(exports))

@@ -8,6 +8,7 @@ objective; `run_stage` wires them into a `SupervisedTrainer`, resumes, trains an
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import random
@@ -33,6 +34,9 @@ from trainer.data.dataset import load_preference_dataset, load_sft_dataset
 from trainer.errors import ConfigError
 from trainer.models import export_model, load_causal_lm, load_tokenizer, load_value_model
 from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, pick_device, read_distributed_env
+from trainer.storage import get_storage, is_remote, join_uri
+from trainer.storage.local import local_path
+from trainer.storage.transfer import cache_root, upload_dir
 from trainer.supervised import StopTraining, SupervisedTrainer
 from trainer.tracking import NullTracker, Tracker, build_tracker
 
@@ -48,6 +52,34 @@ class RunContext:
     tokenizer: Any
     tracker: Tracker
     output_dir: Path
+    """Local working directory: `config.output_dir` itself, or a cache folder when that is remote."""
+
+    @property
+    def output_uri(self) -> str:
+        return self.config.output_dir.rstrip("/")
+
+    def checkpoint_root(self) -> str:
+        return join_uri(self.output_uri, "checkpoints")
+
+
+def local_work_dir(output_uri: str) -> Path:
+    """Where a run writes files before they are published to `output_uri`."""
+    if not is_remote(output_uri):
+        return local_path(output_uri)
+    return cache_root() / "runs" / hashlib.sha256(output_uri.encode()).hexdigest()[:16]
+
+
+def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model",)) -> None:
+    """Copy the exported model(s) and the run's small files to a remote `output_dir` (rank 0)."""
+    if not is_remote(context.output_uri) or not context.env.is_main_process:
+        return
+    for name in directories:
+        upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
+    storage = get_storage(context.output_uri)
+    for name in ("config.yaml", "params.json", "metrics.jsonl", "final_metrics.json"):
+        if (context.output_dir / name).is_file():
+            storage.upload_file(context.output_dir / name, join_uri(context.output_uri, name))
+    logger.info("published outputs to %s", context.output_uri)
 
 
 @dataclass(slots=True)
@@ -81,7 +113,7 @@ def build_context(config: StageConfig) -> RunContext:
     init_process_group(env, device)
     plugin = make_plugin(config.parallel.plugin, env, device)
     return RunContext(config, env, plugin, Booster(plugin, config.train.mixed_precision),
-                      load_tokenizer(config.model.path), NullTracker(), Path(config.output_dir))
+                      load_tokenizer(config.model.path), NullTracker(), local_work_dir(config.output_dir))
 
 
 def open_outputs(context: RunContext) -> None:
@@ -195,7 +227,7 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         total_steps = train.max_steps or train.max_epochs * steps_per_epoch(
             len(parts.train_examples), context.env.world_size, train.micro_batch_size, train.gradient_accumulation_steps)
         scheduler = build_scheduler(optimizer, config.optimizer, total_steps)
-        checkpoints = CheckpointManager(context.output_dir / "checkpoints", context.booster, config.checkpoint.keep_last)
+        checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last)
         trainer = SupervisedTrainer(
             context.booster, train.max_epochs, model, optimizer, context.plugin, scheduler=scheduler,
             objective=parts.objective, config=config, train_examples=parts.train_examples,
@@ -223,5 +255,6 @@ def _finish(context: RunContext, model: nn.Module, trainer: SupervisedTrainer) -
         export_model(unwrap_model(model), state, context.tokenizer, context.output_dir / "model",
                      lora_scale=lora.alpha / lora.r if lora else None)
         (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-        logger.info("model written to %s", context.output_dir / "model")
+        logger.info("model written to %s", join_uri(context.output_uri, "model"))
+    publish_outputs(context)
     return metrics

@@ -140,22 +140,23 @@ class SupervisedTrainer(SLTrainer):
             state = TrainerState(epoch=epoch, global_step=self.global_step,
                                  samples_in_epoch=samples_seen * self.plugin.world_size,
                                  world_size=self.plugin.world_size)
-            if self._should_save_now():
-                self._save(state)
-            if self.stop_after_steps is not None and self.global_step >= self.stop_after_steps:
-                self._save(state)
+            is_stopping = self.stop_after_steps is not None and self.global_step >= self.stop_after_steps
+            if self._should_save_now() or is_stopping:
+                # Mid-run saves upload in the background; the last one (and a stop) blocks.
+                self._save(state, block=is_stopping or self.global_step >= self.max_steps)
+            if is_stopping:
                 raise StopTraining(f"stopped after step {self.global_step} as requested")
         self._save(TrainerState(epoch=epoch + 1, global_step=self.global_step, samples_in_epoch=0,
-                                world_size=self.plugin.world_size))
+                                world_size=self.plugin.world_size), block=False)
 
     def _should_save_now(self) -> bool:
         interval = self.config.checkpoint.save_interval
         return (interval > 0 and self.global_step % interval == 0) or self.global_step == self.max_steps
 
-    def _save(self, state: TrainerState) -> None:
+    def _save(self, state: TrainerState, block: bool) -> None:
         if self.last_saved_step == state.global_step:
             return  # an epoch end that coincides with an interval save: resuming either way is the same
-        self.checkpoints.save(self.components(), state, state.global_step)
+        self.checkpoints.save(self.components(), state, state.global_step, block=block)
         self.last_saved_step = state.global_step
 
     def _record(self, metrics: dict[str, float], group: list[dict], seconds: float) -> None:
@@ -187,4 +188,5 @@ class SupervisedTrainer(SLTrainer):
         try:
             super().fit()
         finally:
+            self.checkpoints.wait()  # the final checkpoint is complete before fit returns
             self.progress.close()

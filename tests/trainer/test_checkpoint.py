@@ -69,7 +69,7 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     partial = tmp_path / "step-00000003"
     partial.mkdir()
     torch.save(model.state_dict(), partial / "model.pt")
-    assert manager.latest() == tmp_path / "step-00000002"
+    assert manager.latest() == str(tmp_path / "step-00000002")
 
 
 def test_no_checkpoint_means_fresh_start(tmp_path):
@@ -82,7 +82,7 @@ def test_retention_keeps_the_last_complete_checkpoints(tmp_path):
     for step in (1, 2, 3, 4):
         manager.save({"model": (model, optimizer, scheduler)}, TrainerState(global_step=step), step)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
-    assert manager.latest().name == "step-00000004"
+    assert manager.latest().endswith("/step-00000004")
 
 
 def test_load_restores_weights_and_position(tmp_path):

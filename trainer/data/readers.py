@@ -13,11 +13,22 @@ from pathlib import Path
 from trainer.errors import DataError
 
 
-def iter_rows(path: str | Path) -> Iterator[tuple[str, object]]:
-    """Yield `(where, row)` pairs. A row that is not valid JSON is yielded as a DataError instance."""
-    path = Path(path)
+def iter_rows(uri: str | Path) -> Iterator[tuple[str, object]]:
+    """Yield `(where, row)` pairs. A row that is not valid JSON is yielded as a DataError instance.
+
+    `uri` is a local path or an `s3://` URI (downloaded once into the local cache); `where` names
+    the original URI.
+    """
+    from trainer.storage.transfer import cached_copy
+
+    path = cached_copy(uri)
     if not path.exists():
-        raise DataError(f"{path}: no such file or directory")
+        raise DataError(f"{uri}: no such file or directory")
+    for where, row in _iter_local(path):
+        yield where.replace(str(path), str(uri), 1), row
+
+
+def _iter_local(path: Path) -> Iterator[tuple[str, object]]:
     if path.is_dir():
         yield from _iter_hf_directory(path)
     elif path.suffix == ".jsonl" or path.suffix == ".json":

@@ -1,0 +1,55 @@
+"""The `Storage` protocol and the choice of backend by URI scheme."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from trainer.errors import StorageError
+
+
+class Storage(Protocol):
+    """Whole-object operations on URIs. Writes are atomic: a reader sees the old object or the new one."""
+
+    def exists(self, uri: str) -> bool: ...
+
+    def read_bytes(self, uri: str) -> bytes: ...
+
+    def write_bytes(self, uri: str, data: bytes) -> None: ...
+
+    def upload_file(self, local_path: Path, uri: str) -> None: ...
+
+    def download_file(self, uri: str, local_path: Path) -> None: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """URIs of every object below `prefix` (recursively), sorted."""
+
+    def delete(self, uri: str) -> None:
+        """Delete one object; a missing one is not an error."""
+
+    def etag(self, uri: str) -> str:
+        """A string that changes whenever the object changes."""
+
+
+def is_remote(uri: str | Path) -> bool:
+    return str(uri).startswith("s3://")
+
+
+def join_uri(base: str | Path, *parts: str) -> str:
+    """`base/part/part` for local paths and URIs alike."""
+    text = str(base).rstrip("/")
+    return "/".join([text, *(p.strip("/") for p in parts)])
+
+
+def get_storage(uri: str | Path) -> Storage:
+    """The backend for `uri`: S3 for `s3://`, the local filesystem for paths and `file://`."""
+    text = str(uri)
+    if text.startswith("s3://"):
+        from trainer.storage.s3 import S3Storage
+
+        return S3Storage.shared()
+    if "://" in text and not text.startswith("file://"):
+        raise StorageError(f"{text}: unsupported URI scheme; expected a local path, file:// or s3://")
+    from trainer.storage.local import LocalStorage
+
+    return LocalStorage()

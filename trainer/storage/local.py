@@ -1,0 +1,64 @@
+"""Local filesystem storage: plain paths and `file://` URIs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from trainer.errors import StorageError
+
+
+def local_path(uri: str | Path) -> Path:
+    text = str(uri)
+    return Path(text[len("file://"):] if text.startswith("file://") else text)
+
+
+class LocalStorage:
+    def exists(self, uri: str) -> bool:
+        return local_path(uri).exists()
+
+    def read_bytes(self, uri: str) -> bytes:
+        try:
+            return local_path(uri).read_bytes()
+        except OSError as err:
+            raise StorageError(f"{uri}: cannot read: {err.strerror}") from err
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+
+    def upload_file(self, local: Path, uri: str) -> None:
+        target = local_path(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(local, temporary)
+        os.replace(temporary, target)
+
+    def download_file(self, uri: str, local: Path) -> None:
+        if local_path(uri).resolve() != Path(local).resolve():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local_path(uri), local)
+
+    def list(self, prefix: str) -> list[str]:
+        root = local_path(prefix)
+        if not root.is_dir():
+            return []
+        scheme = "file://" if str(prefix).startswith("file://") else ""
+        return sorted(f"{scheme}{p}" for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+    def delete(self, uri: str) -> None:
+        path = local_path(uri)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def etag(self, uri: str) -> str:
+        stat = local_path(uri).stat()
+        return f"{stat.st_mtime_ns}-{stat.st_size}"
