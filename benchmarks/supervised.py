@@ -82,6 +82,7 @@ def stage_config(args: argparse.Namespace, model_dir: Path, data_path: Path, out
         "train": {"max_epochs": 100_000, "max_steps": args.steps, "micro_batch_size": args.micro_batch_size,
                   "log_interval": 1, "seed": args.seed},
         "checkpoint": {"keep_last": 1, "save_interval": 0},
+        "tracking": {"backend": "none"},
     }
 
 

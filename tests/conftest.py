@@ -42,6 +42,7 @@ def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval
         "optimizer": {"lr": 2e-3, "warmup_steps": 2},
         "train": {"max_epochs": 1, "micro_batch_size": 10, "log_interval": 1000},
         "checkpoint": {"keep_last": 0},
+        "tracking": {"backend": "none"},  # MLflow has its own tests (tests/integration/test_tracking.py)
     }
     return merge(base, updates)
 

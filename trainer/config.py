@@ -91,6 +91,25 @@ class ParallelConfig(Section):
     )
 
 
+class TrackingConfig(Section):
+    backend: Literal["mlflow", "none"] = Field(
+        "mlflow", description="`mlflow` logs params, metrics and the model (rank 0); `none` keeps only metrics.jsonl."
+    )
+    experiment_name: str = Field("alignflow", description="MLflow experiment, unless MLFLOW_EXPERIMENT_ID/NAME is set.")
+    run_name: str | None = Field(None, description="MLflow run name; null uses the stage name.")
+    parent_run_id: str | None = Field(
+        None, description="Nest this run under that MLflow run (env ALIGNFLOW_PARENT_RUN_ID when null)."
+    )
+    pipeline_run_id: str | None = Field(
+        None, description="Tag the run with this pipeline run id (env ALIGNFLOW_PIPELINE_RUN_ID when null)."
+    )
+    system_metrics: bool = Field(False, description="Also log CPU/GPU/memory system metrics.")
+    log_model: bool = Field(True, description="Log the final HF model directory as the run's `model` artifact.")
+    registered_model_name: str | None = Field(
+        None, description="Register the logged model under this name in the MLflow model registry."
+    )
+
+
 class StageConfig(Section):
     output_dir: str = Field(
         description="Local directory or s3:// URI for checkpoints, metrics and the final HF model (`<output_dir>/model`)."
@@ -101,6 +120,7 @@ class StageConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop sizes, seed and precision.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Saving and resuming.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Distribution across processes.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracking (MLflow).")
 
 
 class SFTOptions(Section):

@@ -39,6 +39,30 @@ def read_distributed_env(environ: dict[str, str] | None = None) -> DistributedEn
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TrackingEnv:
+    """Tracking settings that come from the environment (MLflow's own variables and the pipeline's)."""
+
+    tracking_uri: str | None
+    run_id: str | None
+    experiment_id: str | None
+    experiment_name: str | None
+    parent_run_id: str | None
+    pipeline_run_id: str | None
+
+
+def read_tracking_env(environ: dict[str, str] | None = None) -> TrackingEnv:
+    environ = os.environ if environ is None else environ
+    return TrackingEnv(
+        tracking_uri=environ.get("MLFLOW_TRACKING_URI") or None,
+        run_id=environ.get("MLFLOW_RUN_ID") or None,
+        experiment_id=environ.get("MLFLOW_EXPERIMENT_ID") or None,
+        experiment_name=environ.get("MLFLOW_EXPERIMENT_NAME") or None,
+        parent_run_id=environ.get("ALIGNFLOW_PARENT_RUN_ID") or None,
+        pipeline_run_id=environ.get("ALIGNFLOW_PIPELINE_RUN_ID") or None,
+    )
+
+
 def pick_device(env: DistributedEnv) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", env.local_rank % torch.cuda.device_count())

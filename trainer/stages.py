@@ -28,7 +28,7 @@ from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
 from trainer.booster import Booster, Plugin, make_plugin, unwrap_model
 from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig, as_dict, dump_config
+from trainer.config import STAGE_CONFIGS, DPOConfig, RewardConfig, SFTConfig, StageConfig, as_dict, dump_config
 from trainer.data.collate import pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
 from trainer.errors import ConfigError
@@ -124,7 +124,8 @@ def open_outputs(context: RunContext) -> None:
     if context.env.is_main_process:
         context.output_dir.mkdir(parents=True, exist_ok=True)
         dump_config(context.config, context.output_dir / "config.yaml")
-    context.tracker = build_tracker(context.output_dir, context.env.is_main_process)
+    stage = next(name for name, cls in STAGE_CONFIGS.items() if cls is type(context.config))
+    context.tracker = build_tracker(context.output_dir, context.env.is_main_process, context.config.tracking, stage)
     context.tracker.log_params(as_dict(context.config))
 
 
@@ -256,5 +257,7 @@ def _finish(context: RunContext, model: nn.Module, trainer: SupervisedTrainer) -
                      lora_scale=lora.alpha / lora.r if lora else None)
         (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
         logger.info("model written to %s", join_uri(context.output_uri, "model"))
+        context.tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval/")}, trainer.global_step)
+        context.tracker.log_model(context.output_dir / "model")
     publish_outputs(context)
     return metrics

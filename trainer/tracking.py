@@ -2,20 +2,25 @@
 
 Rank 0 gets a real tracker and other ranks a `NullTracker`, so the loop never asks its rank.
 `JsonlTracker` writes the run's metrics file (one JSON object per logged step), which the KFP
-component later publishes; MLflow joins as another implementation with the tracking issue.
+component publishes; `trainer.mlflow_tracker.MlflowTracker` sends the same to MLflow.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Protocol
+
+from trainer.config import TrackingConfig
 
 
 class Tracker(Protocol):
     def log_params(self, params: dict[str, Any]) -> None: ...
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_model(self, directory: Path) -> None: ...
 
     def close(self) -> None: ...
 
@@ -25,6 +30,9 @@ class NullTracker:
         pass
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_model(self, directory: Path) -> None:
         pass
 
     def close(self) -> None:
@@ -46,9 +54,48 @@ class JsonlTracker:
         self._handle.write(json.dumps({"step": step, **metrics}) + "\n")
         self._handle.flush()
 
+    def log_model(self, directory: Path) -> None:
+        pass
+
     def close(self) -> None:
         self._handle.close()
 
 
-def build_tracker(directory: Path, is_main_process: bool) -> Tracker:
-    return JsonlTracker(directory) if is_main_process else NullTracker()
+class MultiTracker:
+    """Sends every call to each of its trackers, in order."""
+
+    def __init__(self, trackers: list[Tracker]) -> None:
+        self.trackers = trackers
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        for tracker in self.trackers:
+            tracker.log_params(params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        for tracker in self.trackers:
+            tracker.log_metrics(metrics, step)
+
+    def log_model(self, directory: Path) -> None:
+        for tracker in self.trackers:
+            tracker.log_model(directory)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+
+def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig | None = None,
+                  run_name: str = "run") -> Tracker:
+    """Rank 0: the metrics file, plus MLflow unless `tracking.backend` is none. Other ranks: no-op."""
+    if not is_main_process:
+        return NullTracker()
+    trackers: list[Tracker] = [JsonlTracker(directory)]
+    if config is not None and config.backend == "mlflow":
+        from trainer.mlflow_tracker import MlflowTracker
+        from trainer.runtime import read_tracking_env
+
+        try:
+            trackers.append(MlflowTracker(config, read_tracking_env(), run_name))
+        except Exception as err:  # noqa: BLE001 - no tracking server must not stop training
+            logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", err)
+    return MultiTracker(trackers)

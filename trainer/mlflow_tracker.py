@@ -1,0 +1,199 @@
+"""MLflow tracking from rank 0, built so that a tracking outage never stops training.
+
+Metrics are queued and sent in batches by a background thread: when the server is down the thread
+warns once, keeps the values, and retries with backoff; `close` waits a bounded time for the
+queue to drain and reports what could not be sent (those values are still in `metrics.jsonl`).
+`mlflow` is imported here only, and only when a tracker is built (it costs seconds to import).
+
+Embedded default: with no `MLFLOW_TRACKING_URI`, runs go to `sqlite:///mlflow.db` in the working
+directory (MLflow 3's own default). Run linkage: `MLFLOW_RUN_ID` continues that run; otherwise a
+run is created in `MLFLOW_EXPERIMENT_ID`, `MLFLOW_EXPERIMENT_NAME` or `tracking.experiment_name`,
+nested under `tracking.parent_run_id` (or `ALIGNFLOW_PARENT_RUN_ID`) and tagged with the pipeline
+run id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.config import TrackingConfig
+from trainer.runtime import TrackingEnv
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
+MAX_QUEUED = 100_000
+CLOSE_TIMEOUT_SECONDS = 30.0
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`, dropping keys that look secret."""
+    flat = {}
+    for key, value in values.items():
+        if SECRET_KEY.search(key):
+            continue
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class MlflowTracker:
+    """Logs to one MLflow run. Every call returns at once; sending happens on a background thread.
+
+    Args:
+        config: The stage's tracking section.
+        env: Tracking settings from the environment.
+        run_name: Default run name (the stage).
+    """
+
+    def __init__(self, config: TrackingConfig, env: TrackingEnv, run_name: str) -> None:
+        # Fail fast per request so the sender can retry on its own schedule (users may override).
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        from mlflow import MlflowClient
+
+        self.config = config
+        self.client = MlflowClient(tracking_uri=env.tracking_uri or DEFAULT_TRACKING_URI)
+        self.run_id = env.run_id or self._create_run(env, config.run_name or run_name)
+        self._queue: list[Any] = []
+        self._lock = threading.Condition()
+        self._closing = False
+        self._failures = 0
+        self._dropped = 0
+        self._sender = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
+        self._sender.start()
+        self._system_monitor = self._start_system_metrics() if config.system_metrics else None
+        logger.info("tracking to MLflow run %s at %s", self.run_id, self.client.tracking_uri)
+
+    def _create_run(self, env: TrackingEnv, run_name: str) -> str:
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+        experiment_id = env.experiment_id
+        if experiment_id is None:
+            name = env.experiment_name or self.config.experiment_name
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        tags = {MLFLOW_RUN_NAME: run_name}
+        parent = self.config.parent_run_id or env.parent_run_id
+        if parent:
+            tags[MLFLOW_PARENT_RUN_ID] = parent
+        pipeline_run = self.config.pipeline_run_id or env.pipeline_run_id
+        if pipeline_run:
+            tags["alignflow.pipeline_run_id"] = pipeline_run
+        return self.client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+
+    def _start_system_metrics(self) -> Any:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(self.run_id)
+        monitor.start()
+        return monitor
+
+    # -- the Tracker interface ----------------------------------------------------------------------
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        self._enqueue([Param(key, str(value)[:6000]) for key, value in flatten(params).items()])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._enqueue([Metric(key, float(value), now, step) for key, value in metrics.items()])
+
+    def log_model(self, directory: Path) -> None:
+        """Upload the exported HF directory as the `model` artifact; register it when configured."""
+        if not self.config.log_model:
+            return
+        self.flush()
+        try:
+            self.client.log_artifacts(self.run_id, str(directory), "model")
+            if self.config.registered_model_name:
+                self._register(self.config.registered_model_name)
+        except Exception as err:  # noqa: BLE001 - any tracking failure must leave training alone
+            self._failures += 1
+            logger.warning("could not log the model to MLflow: %s", err)
+
+    def _register(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException:
+            pass  # already registered: add a version
+        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/model"
+        version = self.client.create_model_version(name, source, run_id=self.run_id)
+        logger.info("registered model %s version %s", name, version.version)
+
+    def close(self) -> None:
+        if self._system_monitor is not None:
+            self._system_monitor.finish()
+        unsent = self.flush(timeout=CLOSE_TIMEOUT_SECONDS)
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        try:
+            self.client.set_terminated(self.run_id)
+        except Exception as err:  # noqa: BLE001
+            self._failures += 1
+            logger.warning("could not mark MLflow run %s finished: %s", self.run_id, err)
+        if unsent or self._dropped or self._failures:
+            logger.warning("MLflow: %d values not sent, %d dropped, %d failed calls (all metrics are in "
+                           "metrics.jsonl)", unsent, self._dropped, self._failures)
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    def _enqueue(self, items: list[Any]) -> None:
+        with self._lock:
+            room = MAX_QUEUED - len(self._queue)
+            self._dropped += max(0, len(items) - room)
+            self._queue.extend(items[:max(room, 0)])
+            self._lock.notify_all()
+
+    def flush(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> int:
+        """Wait up to `timeout` seconds for queued values to be sent; return how many remain."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._queue and time.monotonic() < deadline:
+                self._lock.wait(timeout=0.1)
+            return len(self._queue)
+
+    def _send_loop(self) -> None:
+        from mlflow.entities import Param
+
+        delay, warned = 1.0, False
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._lock.wait()
+                if self._closing:
+                    return
+                batch = self._queue[:1000]
+            params = [item for item in batch if isinstance(item, Param)]
+            metrics = [item for item in batch if not isinstance(item, Param)]
+            try:
+                self.client.log_batch(self.run_id, metrics=metrics, params=params)
+            except Exception as err:  # noqa: BLE001 - an outage: keep the values and retry
+                self._failures += 1
+                if not warned:
+                    logger.warning("MLflow unreachable (%s); buffering metrics and retrying", err)
+                    warned = True
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if warned:
+                logger.info("MLflow reachable again; sending buffered metrics")
+            delay, warned = 1.0, False
+            with self._lock:
+                del self._queue[:len(batch)]
+                self._lock.notify_all()
