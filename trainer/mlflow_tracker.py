@@ -69,6 +69,7 @@ class MlflowTracker:
         self._closing = False
         self._failures = 0
         self._dropped = 0
+        self._is_unreachable = False  # set by the sender during an outage
         self._sender = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._sender.start()
         self._system_monitor = self._start_system_metrics() if config.system_metrics else None
@@ -115,7 +116,10 @@ class MlflowTracker:
         """Upload the exported HF directory as the `model` artifact; register it when configured."""
         if not self.config.log_model:
             return
-        self.flush()
+        self.flush(timeout=self._wait_budget())
+        if self._is_unreachable:
+            logger.warning("MLflow unreachable: the model was not logged (it is in %s)", directory)
+            return
         try:
             self.client.log_artifacts(self.run_id, str(directory), "model")
             if self.config.registered_model_name:
@@ -138,20 +142,25 @@ class MlflowTracker:
     def close(self) -> None:
         if self._system_monitor is not None:
             self._system_monitor.finish()
-        unsent = self.flush(timeout=CLOSE_TIMEOUT_SECONDS)
+        unsent = self.flush(timeout=self._wait_budget())
         with self._lock:
             self._closing = True
             self._lock.notify_all()
-        try:
-            self.client.set_terminated(self.run_id)
-        except Exception as err:  # noqa: BLE001
-            self._failures += 1
-            logger.warning("could not mark MLflow run %s finished: %s", self.run_id, err)
+        if not self._is_unreachable:
+            try:
+                self.client.set_terminated(self.run_id)
+            except Exception as err:  # noqa: BLE001
+                self._failures += 1
+                logger.warning("could not mark MLflow run %s finished: %s", self.run_id, err)
         if unsent or self._dropped or self._failures:
             logger.warning("MLflow: %d values not sent, %d dropped, %d failed calls (all metrics are in "
                            "metrics.jsonl)", unsent, self._dropped, self._failures)
 
     # -- sending ------------------------------------------------------------------------------------
+
+    def _wait_budget(self) -> float:
+        """How long to wait for the queue: the full budget normally, one retry during an outage."""
+        return 5.0 if self._is_unreachable else CLOSE_TIMEOUT_SECONDS
 
     def _enqueue(self, items: list[Any]) -> None:
         with self._lock:
@@ -185,6 +194,7 @@ class MlflowTracker:
                 self.client.log_batch(self.run_id, metrics=metrics, params=params)
             except Exception as err:  # noqa: BLE001 - an outage: keep the values and retry
                 self._failures += 1
+                self._is_unreachable = True
                 if not warned:
                     logger.warning("MLflow unreachable (%s); buffering metrics and retrying", err)
                     warned = True
@@ -193,7 +203,7 @@ class MlflowTracker:
                 continue
             if warned:
                 logger.info("MLflow reachable again; sending buffered metrics")
-            delay, warned = 1.0, False
+            delay, warned, self._is_unreachable = 1.0, False, False
             with self._lock:
                 del self._queue[:len(batch)]
                 self._lock.notify_all()
