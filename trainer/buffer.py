@@ -2,8 +2,8 @@
 
 - `ReplayBuffer`: the `data_buffer` of `OLTrainer`: an episode's experiences, cleared after it.
 - `QueueBuffer`: an in-process FIFO between an explorer thread and the `Trainer`.
-- `FileBuffer`: a directory of batches that another process fills. Each batch is written to a
-  temporary name and renamed (atomic on one filesystem), so a reader never sees a partial file;
+- `FileBuffer`: a directory (local or `s3://`) of batches that another process fills. Each batch
+  is one whole object (a rename locally, one PUT on S3), so a reader never sees a partial one;
   a `CLOSED` marker says the producer is done.
 
 `get` waits at most `timeout` seconds and raises `BufferTimeout` rather than hanging; it returns
@@ -12,7 +12,7 @@ None once the buffer is closed and drained.
 
 from __future__ import annotations
 
-import os
+import io
 import queue
 import time
 from pathlib import Path
@@ -22,6 +22,7 @@ import torch
 
 from trainer.errors import AlignflowError
 from trainer.experience import Experience
+from trainer.storage import get_storage, is_remote, join_uri
 
 CLOSED_MARKER = "CLOSED"
 
@@ -77,57 +78,66 @@ class QueueBuffer:
 
 
 class FileBuffer:
-    """Batches `batch-00000001.pt`, ... in `directory`, read in order and deleted once read.
+    """Batches `batch-00000001.pt`, ... under a directory or `s3://` prefix, read in order and deleted once read.
+
+    Every batch is one object written whole (a rename locally, one PUT on S3), so a reader never
+    sees part of one.
 
     Args:
-        directory: Shared between the producer and the consumer.
-        poll_interval: Seconds between looks for the next batch.
+        directory: Local path or `s3://` URI shared by the producer and the consumer.
+        poll_interval: Seconds between looks for the next batch (default 0.05 locally, 0.5 on S3).
     """
 
-    def __init__(self, directory: str | Path, poll_interval: float = 0.05) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.poll_interval = poll_interval
-        existing = sorted(self.directory.glob("batch-*.pt"))
-        self._next_write = int(existing[-1].stem.split("-")[1]) + 1 if existing else 1
-        self._next_read = int(existing[0].stem.split("-")[1]) if existing else 1
+    def __init__(self, directory: str | Path, poll_interval: float | None = None) -> None:
+        self.directory = str(directory).rstrip("/")
+        self.storage = get_storage(self.directory)
+        self.poll_interval = poll_interval if poll_interval is not None else (
+            0.5 if is_remote(self.directory) else 0.05)
+        existing = self._batch_indices()
+        self._next_write = existing[-1] + 1 if existing else 1
+        self._next_read = existing[0] if existing else 1
 
-    def _path(self, index: int) -> Path:
-        return self.directory / f"batch-{index:08d}.pt"
+    def _batch_indices(self) -> list[int]:
+        names = [uri.rsplit("/", 1)[-1] for uri in self.storage.list(self.directory)]
+        return sorted(int(n[len("batch-"):-len(".pt")]) for n in names if n.startswith("batch-") and n.endswith(".pt"))
+
+    def _uri(self, index: int) -> str:
+        return join_uri(self.directory, f"batch-{index:08d}.pt")
 
     def put(self, experience: Experience) -> None:
-        temporary = self.directory / f".batch-{self._next_write:08d}.tmp"
-        torch.save(experience, temporary)
-        os.replace(temporary, self._path(self._next_write))
+        payload = io.BytesIO()
+        torch.save(experience, payload)
+        self.storage.write_bytes(self._uri(self._next_write), payload.getvalue())
         self._next_write += 1
 
     def close(self) -> None:
-        (self.directory / CLOSED_MARKER).touch()
+        self.storage.write_bytes(join_uri(self.directory, CLOSED_MARKER), b"")
 
     def reset(self) -> None:
         """Drop unread batches and the closed marker (a new producer is about to start)."""
-        for path in [*self.directory.glob("batch-*.pt"), self.directory / CLOSED_MARKER]:
-            path.unlink(missing_ok=True)
+        for index in self._batch_indices():
+            self.storage.delete(self._uri(index))
+        self.storage.delete(join_uri(self.directory, CLOSED_MARKER))
         self._next_write = self._next_read = 1
 
     def is_closed(self) -> bool:
-        return (self.directory / CLOSED_MARKER).exists()
+        return self.storage.exists(join_uri(self.directory, CLOSED_MARKER))
 
     def get(self, timeout: float) -> Experience | None:
         deadline = time.monotonic() + timeout
         while True:
-            path = self._path(self._next_read)
-            # Look at the marker before the file: the producer writes its last batch before the
-            # marker, so a closed buffer with no next file really is drained.
+            uri = self._uri(self._next_read)
+            # Look at the marker before the batch: the producer writes its last batch before the
+            # marker, so a closed buffer with no next batch really is drained.
             was_closed = self.is_closed()
-            if path.exists():
-                experience = torch.load(path, weights_only=False)
-                path.unlink()
+            if self.storage.exists(uri):
+                experience = torch.load(io.BytesIO(self.storage.read_bytes(uri)), weights_only=False)
+                self.storage.delete(uri)
                 self._next_read += 1
                 return experience
             if was_closed:
                 return None
             if time.monotonic() > deadline:
-                raise BufferTimeout(f"{self.directory}: no batch {path.name} after {timeout:g} s "
+                raise BufferTimeout(f"{self.directory}: no batch {uri.rsplit('/', 1)[-1]} after {timeout:g} s "
                                     "(is the explorer running?)")
             time.sleep(self.poll_interval)

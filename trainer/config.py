@@ -243,8 +243,12 @@ class GRPOOptions(OnlineOptions):
 
 
 class AsyncOptions(Section):
-    buffer_dir: str | None = Field(None, description="Experience buffer directory; null uses `<output_dir>/buffer`.")
-    weights_dir: str | None = Field(None, description="Published weight versions; null uses `<output_dir>/weights`.")
+    buffer_dir: str | None = Field(
+        None, description="Experience buffer, a local directory or s3:// prefix; null uses `<output_dir>/buffer`."
+    )
+    weights_dir: str | None = Field(
+        None, description="Published weight versions, local or s3://; null uses `<output_dir>/weights`."
+    )
     total_steps: int = Field(20, gt=0, description="Trainer steps before the run ends.")
     sync_interval: int = Field(1, gt=0, description="Publish weights every this many trainer steps.")
     sync_offset: int = Field(0, ge=0, description="Explorer may run this many versions ahead of the weights it uses.")

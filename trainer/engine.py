@@ -16,28 +16,24 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any
 
 from trainer.buffer import BufferTimeout, ExperienceBuffer, FileBuffer
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
 from trainer.errors import ConfigError
 from trainer.experience import Experience, concat_experiences
+from trainer.storage import join_uri
 from trainer.weights import publish_weights
 
 logger = logging.getLogger(__name__)
 
 
-def buffer_dir(config: OnlineStageConfig) -> Path:
-    from trainer.stages import local_work_dir
-
-    return Path(config.asynchronous.buffer_dir or local_work_dir(config.output_dir) / "buffer")
+def buffer_dir(config: OnlineStageConfig) -> str:
+    return config.asynchronous.buffer_dir or join_uri(config.output_dir, "buffer")
 
 
-def weights_dir(config: OnlineStageConfig) -> Path:
-    from trainer.stages import local_work_dir
-
-    return Path(config.asynchronous.weights_dir or local_work_dir(config.output_dir) / "weights")
+def weights_dir(config: OnlineStageConfig) -> str:
+    return config.asynchronous.weights_dir or join_uri(config.output_dir, "weights")
 
 
 class TrainEngineWrapper(ABC):

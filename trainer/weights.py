@@ -1,44 +1,51 @@
 """Weight sync by checkpoint: the trainer publishes numbered policy versions, explorers poll them.
 
 `weights_dir/version-00000007.pt` holds a full state dict; `weights_dir/LATEST` names the newest
-version. Both are written to a temporary name and renamed, so a reader sees a version only once it
-is complete.
+version. The directory is a local path or an `s3://` prefix; each object is written whole (a rename
+locally, one PUT on S3) and `LATEST` after the version it names, so a reader sees a version only
+once it is complete.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from trainer.buffer import BufferTimeout
+from trainer.storage import get_storage, join_uri
 
 LATEST = "LATEST"
 
 
-def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], version: int) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"version-{version:08d}.pt"
-    temporary = directory / f".version-{version:08d}.tmp"
-    torch.save(state_dict, temporary)
-    os.replace(temporary, target)
-    pointer = directory / f".{LATEST}.tmp"
-    pointer.write_text(json.dumps({"version": version, "file": target.name}))
-    os.replace(pointer, directory / LATEST)
-    for old in directory.glob("version-*.pt"):  # readers load the newest; keep the last two
-        if old.name < f"version-{version - 1:08d}.pt":
-            old.unlink(missing_ok=True)
-    return target
+def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], version: int) -> str:
+    directory = str(directory).rstrip("/")
+    storage = get_storage(directory)
+    payload = io.BytesIO()
+    torch.save(state_dict, payload)
+    name = f"version-{version:08d}.pt"
+    storage.write_bytes(join_uri(directory, name), payload.getvalue())
+    storage.write_bytes(join_uri(directory, LATEST), json.dumps({"version": version, "file": name}).encode())
+    for uri in storage.list(directory):  # readers load the newest; keep the last two
+        old = uri.rsplit("/", 1)[-1]
+        if old.startswith("version-") and old < f"version-{version - 1:08d}.pt":
+            storage.delete(uri)
+    return join_uri(directory, name)
+
+
+def _read_latest(directory: str | Path) -> dict | None:
+    storage = get_storage(directory)
+    pointer = join_uri(directory, LATEST)
+    return json.loads(storage.read_bytes(pointer)) if storage.exists(pointer) else None
 
 
 def latest_version(directory: str | Path) -> int:
     """Newest published version, or -1 when none is published yet."""
-    pointer = Path(directory) / LATEST
-    return json.loads(pointer.read_text())["version"] if pointer.is_file() else -1
+    entry = _read_latest(directory)
+    return entry["version"] if entry else -1
 
 
 def wait_for_version(directory: str | Path, minimum: int, timeout: float, poll_interval: float = 0.05) -> int:
@@ -54,6 +61,8 @@ def wait_for_version(directory: str | Path, minimum: int, timeout: float, poll_i
 
 def load_version(directory: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
     """The newest published version and its state dict."""
-    directory = Path(directory)
-    entry = json.loads((directory / LATEST).read_text())
-    return entry["version"], torch.load(directory / entry["file"], map_location="cpu", weights_only=True)
+    entry = _read_latest(directory)
+    if entry is None:
+        raise BufferTimeout(f"{directory}: no weight version published")
+    payload = get_storage(directory).read_bytes(join_uri(directory, entry["file"]))
+    return entry["version"], torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)

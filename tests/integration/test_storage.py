@@ -144,3 +144,28 @@ def test_missing_s3_object_is_a_clear_error(bucket):
         from trainer.data.dataset import load_rows
 
         load_rows(f"s3://{bucket}/nothing.jsonl", "prompt", skip_bad_rows=False)
+
+
+def test_experience_buffer_and_weight_versions_work_on_s3(bucket):
+    from trainer.buffer import FileBuffer
+    from trainer.experience import Experience
+    from trainer.weights import latest_version, load_version, publish_weights
+
+    writer, reader = FileBuffer(f"s3://{bucket}/buffer"), FileBuffer(f"s3://{bucket}/buffer", poll_interval=0.05)
+    ids = torch.tensor([[5, 6, 7]])
+    writer.put(Experience(input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=torch.ones_like(ids),
+                          position_ids=torch.arange(3)[None], scores=torch.tensor([1.0]), version=3))
+    writer.close()
+    got = reader.get(timeout=5)
+    assert torch.equal(got.input_ids, ids) and got.version == 3
+    assert reader.get(timeout=5) is None  # closed and drained
+    assert keys(bucket, "buffer") == ["buffer/CLOSED"]  # read batches are deleted
+
+    weights = f"s3://{bucket}/weights"
+    for version in range(3):
+        publish_weights(weights, {"w": torch.full((2,), float(version))}, version)
+    assert latest_version(weights) == 2
+    version, state = load_version(weights)
+    assert version == 2 and torch.equal(state["w"], torch.full((2,), 2.0))
+    assert sorted(keys(bucket, "weights")) == ["weights/LATEST", "weights/version-00000001.pt",
+                                              "weights/version-00000002.pt"]
