@@ -59,7 +59,8 @@ def run_stage(stage: str, config: dict, config_dir: Path) -> float:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"\n=== {stage}: python -m trainer {stage} --config {path}", flush=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "trainer", stage, "--config", str(path)], check=True)
+    # Run inside the output folder so MLflow's embedded default (./mlflow.db, ./mlruns) lands there.
+    subprocess.run([sys.executable, "-m", "trainer", stage, "--config", str(path)], check=True, cwd=config_dir.parent)
     return time.perf_counter() - started
 
 
@@ -99,6 +100,7 @@ def main() -> int:
         print(f"{stage:<6} {seconds[stage]:>6.1f}s  {key_metrics[stage]:<62} {out / stage / 'model'}")
     print(f"\ncheckable reward (greedy accuracy on {data['prompts'].name}): base {accuracy['base']:.2f} -> "
           f"sft {accuracy['sft']:.2f} -> " + ", ".join(f"{s} {accuracy[s]:.2f}" for s in ("dpo", "ppo", "grpo")))
+    print(f"MLflow runs: mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'}")
     return 0
 
 
