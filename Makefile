@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: venv
+	$(PY) -m ruff check trainer tests benchmarks
 	$(PY) -m pytest
 
 demo: venv

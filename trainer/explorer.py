@@ -13,11 +13,11 @@ import logging
 
 import torch
 
+from trainer.buffer import ExperienceBuffer, FileBuffer
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.data.dataset import load_rows
 from trainer.data.tokenize import encode_prompt
 from trainer.engine import buffer_dir, weights_dir
-from trainer.buffer import ExperienceBuffer, FileBuffer
 from trainer.experience import Experience
 from trainer.models import load_causal_lm, load_tokenizer
 from trainer.online import PromptStream

@@ -15,8 +15,17 @@ import torch
 from torch import nn
 
 from trainer.algorithms.grpo import GRPOObjective, group_advantages
-from trainer.algorithms.ppo import (AdaptiveKLController, PPOActorObjective, PPOCriticObjective, gae_advantages,
-                                    kl_estimate, response_logps, response_values, shape_rewards, whiten)
+from trainer.algorithms.ppo import (
+    AdaptiveKLController,
+    PPOActorObjective,
+    PPOCriticObjective,
+    gae_advantages,
+    kl_estimate,
+    response_logps,
+    response_values,
+    shape_rewards,
+    whiten,
+)
 from trainer.algorithms.update import train_step
 from trainer.base import OLTrainer
 from trainer.booster import Booster

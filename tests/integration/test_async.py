@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,6 @@ import pytest
 import yaml
 
 from tests.conftest import stage_dict
-import threading
-
 from trainer.buffer import BufferTimeout, QueueBuffer
 from trainer.config import build_config
 from trainer.engine import Trainer

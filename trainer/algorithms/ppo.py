@@ -125,7 +125,8 @@ def response_logps(model: nn.Module, batch: dict[str, Tensor], *, with_entropy: 
 
     Position 0 has no prefix and gets 0; callers multiply by the action mask anyway.
     """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch.get("position_ids"), use_cache=False).logits
     logits = logits[:, :-1].float()  # (B, T-1, V) predicts tokens 1..T-1
     targets = batch["input_ids"][:, 1:]  # (B, T-1)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
@@ -141,7 +142,8 @@ def response_values(critic: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     The critic's output at position t-1 has read tokens up to t-1: the state in which token t
     was chosen.
     """
-    values = critic(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).float()  # (B, T)
+    values = critic(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch.get("position_ids")).float()  # (B, T)
     return torch.nn.functional.pad(values[:, :-1], (1, 0))
 
 

@@ -4,12 +4,11 @@ The policy is a bigram LM whose logits after token i are log(W[i]), so p(j | i) 
 """
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
+from tests.trainer.algorithms.stand_ins import BigramLM
 from trainer.algorithms.dpo import DPOObjective, ipo_loss, sigmoid_preference_loss, simpo_loss
 from trainer.data.tokenize import IGNORE_INDEX as X
 
@@ -56,19 +55,6 @@ def test_sigmoid_preference_loss_is_log_two_for_equal_log_ratios(label_smoothing
     losses = sigmoid_preference_loss(torch.tensor([0.7]), torch.tensor([0.7]), beta=3.0,
                                      label_smoothing=label_smoothing)
     torch.testing.assert_close(losses, torch.tensor([LN2]))
-
-
-class BigramLM(nn.Module):
-    """Causal LM stand-in: the logits after token i are row i of an embedding table."""
-
-    def __init__(self, weights: list) -> None:
-        super().__init__()
-        self.table = nn.Embedding(len(weights), len(weights[0]))
-        with torch.no_grad():
-            self.table.weight.copy_(torch.tensor(weights, dtype=torch.float32).log())
-
-    def forward(self, input_ids, attention_mask, use_cache):
-        return SimpleNamespace(logits=self.table(input_ids))  # (B, T, V)
 
 
 # p(2 | 1) = 2/8, p(3 | 1) = 4/8, p(3 | 2) = 3/6; rows 0 (pad) and 3 are never read for a label.

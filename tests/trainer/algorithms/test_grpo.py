@@ -4,12 +4,11 @@ The policy is a bigram LM whose logits after token i are log(W[i]), so p(j | i) 
 """
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
+from tests.trainer.algorithms.stand_ins import BigramLM
 from trainer.algorithms.grpo import GRPOObjective, group_advantages
 
 LN2 = math.log(2)
@@ -46,19 +45,6 @@ def test_group_advantages_without_scale_are_only_centred():
 
 
 # ---- GRPOObjective -----------------------------------------------------------------------------
-
-
-class BigramLM(nn.Module):
-    """Causal LM stand-in: the logits after token i are row i of an embedding table."""
-
-    def __init__(self, weights: list) -> None:
-        super().__init__()
-        self.table = nn.Embedding(len(weights), len(weights[0]))
-        with torch.no_grad():
-            self.table.weight.copy_(torch.tensor(weights, dtype=torch.float32).log())
-
-    def forward(self, input_ids, attention_mask=None, use_cache=None):
-        return SimpleNamespace(logits=self.table(input_ids))  # (B, T, V)
 
 
 # p(1|0) = 1/4; p(2|1) = 2/8, p(3|1) = 4/8; p(3|2) = 3/6; p(3|3) = 1/8, p(0|3) = 5/8.

@@ -6,15 +6,26 @@ the critic's output after token i is C[i]. Every expected value is worked out in
 """
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from trainer.algorithms.ppo import (AdaptiveKLController, PPOActorObjective, PPOCriticObjective, clipped_policy_loss,
-                                    clipped_value_loss, entropy_from_logits, gae_advantages, kl_estimate,
-                                    response_logps, response_values, shape_rewards, whiten)
+from tests.trainer.algorithms.stand_ins import BigramLM
+from trainer.algorithms.ppo import (
+    AdaptiveKLController,
+    PPOActorObjective,
+    PPOCriticObjective,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    gae_advantages,
+    kl_estimate,
+    response_logps,
+    response_values,
+    shape_rewards,
+    whiten,
+)
 from trainer.data.tokenize import IGNORE_INDEX as X
 
 LN2 = math.log(2)
@@ -261,19 +272,6 @@ def test_kl_controller_updates_compound():
 # ---- log-prob / value alignment and the objectives ---------------------------------------------
 
 
-class BigramLM(nn.Module):
-    """Causal LM stand-in: the logits after token i are row i of an embedding table."""
-
-    def __init__(self, weights: list) -> None:
-        super().__init__()
-        self.table = nn.Embedding(len(weights), len(weights[0]))
-        with torch.no_grad():
-            self.table.weight.copy_(torch.tensor(weights, dtype=torch.float32).log())
-
-    def forward(self, input_ids, attention_mask=None, use_cache=None):
-        return SimpleNamespace(logits=self.table(input_ids))  # (B, T, V)
-
-
 class TokenCritic(nn.Module):
     """Critic stand-in: the value after reading token i is C[i], whatever came before. Returns (B, T)."""
 
@@ -283,7 +281,7 @@ class TokenCritic(nn.Module):
         with torch.no_grad():
             self.table.weight.copy_(torch.tensor(values).unsqueeze(-1))
 
-    def forward(self, input_ids, attention_mask=None):
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
         return self.table(input_ids).squeeze(-1)  # (B, T)
 
 

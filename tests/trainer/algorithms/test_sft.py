@@ -4,11 +4,10 @@ Logits are log(weights), so each next-token probability is a weight over its row
 """
 
 import math
-from types import SimpleNamespace
 
 import torch
-from torch import nn
 
+from tests.trainer.algorithms.stand_ins import BigramLM
 from trainer.algorithms.sft import SFTObjective, sft_token_loss
 from trainer.data.tokenize import IGNORE_INDEX
 
@@ -54,19 +53,6 @@ def test_sft_objective_counts_labelled_tokens_from_the_second_position_on():
     labels = torch.tensor([[5, X, 7, 8], [X, 2, X, X]])
     count = SFTObjective().count_units({"labels": labels})
     torch.testing.assert_close(count, torch.tensor(3.0))
-
-
-class BigramLM(nn.Module):
-    """Causal LM stand-in: the logits after token i are row i of an embedding table."""
-
-    def __init__(self, weights: list) -> None:
-        super().__init__()
-        self.table = nn.Embedding(len(weights), len(weights[0]))
-        with torch.no_grad():
-            self.table.weight.copy_(torch.tensor(weights, dtype=torch.float32).log())
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
-        return SimpleNamespace(logits=self.table(input_ids))  # (B, T, V)
 
 
 def test_sft_objective_returns_summed_loss_and_token_count_of_a_padded_batch():
