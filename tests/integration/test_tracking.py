@@ -120,3 +120,16 @@ def test_embedded_default_logs_to_local_mlflow_db(tmp_path, tiny_model, task_fil
     run = client.search_runs([client.get_experiment_by_name("tests").experiment_id])[0]
     assert len(client.get_metric_history(run.info.run_id, "loss")) == 6
     assert (tmp_path / "run" / "model" / "config.json").is_file()  # outputs stayed local
+
+
+def test_stage_continues_the_run_named_by_mlflow_run_id(tracked, monkeypatch, tmp_path, tiny_model, task_files):
+    experiment = tracked.get_experiment_by_name("tests")
+    experiment_id = experiment.experiment_id if experiment else tracked.create_experiment("tests")
+    run_id = tracked.create_run(experiment_id, run_name="made-by-the-pipeline").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+    run_stage(build_config("sft", tracked_sft(tmp_path, tiny_model, task_files)))
+
+    run = tracked.get_run(run_id)
+    assert len(tracked.get_metric_history(run_id, "loss")) == 6
+    assert run.data.params["data.max_length"] == "32"
+    assert run.info.status == "FINISHED"
