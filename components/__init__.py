@@ -1,0 +1,1 @@
+"""KFP components and the launcher they share: KFP inputs in, a PyTorchJob out, Model and Metrics back."""

@@ -1,0 +1,150 @@
+"""Run a PyTorchJob manifest on this machine: one local process per replica, as the operator would.
+
+Each replica runs its container's command with the environment the Training Operator injects
+(MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and torchrun's PET_NNODES, PET_NPROC_PER_NODE,
+PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT), so the command a cluster runs is the command that
+runs here. `restartPolicy` and `runPolicy.backoffLimit` are honoured by restarting the whole job;
+images, GPU requests, node selectors and volumes have no meaning locally and are ignored (said once).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainer.errors import LaunchError
+
+logger = logging.getLogger(__name__)
+TAIL_LINES = 60
+
+
+@dataclass(slots=True)
+class LocalJobResult:
+    attempts: int
+    log_tail: str
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _replicas(manifest: dict) -> list[tuple[str, int, dict]]:
+    """(replica type, node rank, container) for every pod the operator would create; Master is rank 0."""
+    specs = manifest["spec"]["pytorchReplicaSpecs"]
+    pods, rank = [], 0
+    for replica_type in ("Master", "Worker"):
+        spec = specs.get(replica_type)
+        for _ in range(spec["replicas"] if spec else 0):
+            container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "pytorch")
+            pods.append((replica_type, rank, container))
+            rank += 1
+    return pods
+
+
+def _environment(container: dict, rank: int, num_nodes: int, nproc: str, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif item["name"] not in os.environ:  # a secretKeyRef: locally it comes from this environment
+            logger.warning("local mode: %s comes from a Secret on Kubernetes and is not set here", item["name"])
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(num_nodes), RANK=str(rank),
+               PET_NNODES=str(num_nodes), PET_NPROC_PER_NODE=nproc, PET_NODE_RANK=str(rank),
+               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
+    return env
+
+
+def _command(container: dict) -> list[str]:
+    command = list(container["command"]) + list(container.get("args", []))
+    if command and command[0] == "torchrun":  # the same program, without relying on PATH
+        command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    return command
+
+
+class _Replica:
+    """One running replica: its process, and a thread copying its output to the log and a tail."""
+
+    def __init__(self, label: str, command: list[str], env: dict[str, str], cwd: str | None,
+                 log: Callable[[str], None]) -> None:
+        self.label = label
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)
+        self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
+        self.reader.start()
+
+    def _pump(self, log: Callable[[str], None]) -> None:
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            log(f"[{self.label}] {line}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except ProcessLookupError:
+                pass
+        self.process.wait()
+        self.reader.join(timeout=5)
+
+
+def run_local(manifest: dict, *, timeout: float, log: Callable[[str], None] = print, cwd: str | None = None) -> LocalJobResult:
+    """Run the job to completion. Raises LaunchError (with the master's log tail) if it fails or times out."""
+    name = manifest["metadata"]["name"]
+    pods = _replicas(manifest)
+    images = sorted({container.get("image", "") for _, _, container in pods})
+    logger.info("local mode: running %s as %d local process group(s); image %s and GPU/node settings are "
+                "ignored here", name, len(pods), ", ".join(images))
+    replica_spec = manifest["spec"]["pytorchReplicaSpecs"]["Master"]
+    restart_policy = replica_spec.get("restartPolicy", "Never")
+    backoff_limit = manifest["spec"].get("runPolicy", {}).get("backoffLimit", 0)
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, backoff_limit + 2):
+        failure = _attempt(name, pods, manifest["spec"].get("nprocPerNode", "1"), deadline, log, cwd)
+        if failure is None:
+            return LocalJobResult(attempts=attempt, log_tail="")
+        if restart_policy == "Never" or attempt > backoff_limit or failure.startswith("timed out"):
+            raise LaunchError(failure)
+        logger.warning("%s failed (attempt %d of %d); restarting: %s", name, attempt, backoff_limit + 1,
+                       failure.splitlines()[0])
+    raise AssertionError("unreachable")
+
+
+def _attempt(name: str, pods: list, nproc: str, deadline: float, log: Callable[[str], None],
+             cwd: str | None) -> str | None:
+    """Run every replica once; None on success, else a failure message with the master's log tail."""
+    port = _free_port()
+    replicas = [_Replica(f"{kind.lower()}-{rank}", _command(container),
+                         _environment(container, rank, len(pods), str(nproc), port), cwd, log)
+                for kind, rank, container in pods]
+    try:
+        while True:
+            codes = [r.process.poll() for r in replicas]
+            failed = next((r for r, code in zip(replicas, codes) if code not in (None, 0)), None)
+            if failed is not None or all(code == 0 for code in codes):
+                break
+            if time.monotonic() > deadline:
+                return f"timed out: PyTorchJob {name} still running at its deadline\n" + _tail(replicas[0])
+            time.sleep(0.2)
+    finally:
+        for replica in replicas:
+            replica.kill()
+    if failed is None:
+        return None
+    return (f"PyTorchJob {name} failed: {failed.label} exited with code {failed.process.returncode}; "
+            f"last lines of master-0:\n{_tail(replicas[0])}")
+
+
+def _tail(replica: _Replica) -> str:
+    return "\n".join(replica.tail)

@@ -1,0 +1,58 @@
+"""Local mode: a PyTorchJob manifest runs as local processes with the operator's environment."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+
+from components.launcher import JobSpec, build_pytorchjob
+from components.launcher.local import run_local
+from tests.conftest import stage_dict
+from trainer.errors import LaunchError
+
+
+def job_for(tmp_path, config: dict, **changes) -> dict:
+    path = tmp_path / "stage.yaml"
+    path.write_text(yaml.safe_dump(config))
+    spec = dict(name="af-local-test", stage="sft", config_uri=str(path), image="ignored:locally", num_nodes=2,
+                nproc_per_node=1, env={"OMP_NUM_THREADS": "1"}, restart_policy="OnFailure", backoff_limit=0)
+    spec.update(changes)
+    return build_pytorchjob(JobSpec(**spec))
+
+
+def test_two_replica_job_trains_across_both(tmp_path, tiny_model, task_files):
+    config = stage_dict("sft", tmp_path / "out", tiny_model, task_files["sft_train"], train={"max_steps": 3},
+                        parallel={"plugin": "ddp"})
+    lines: list[str] = []
+    result = run_local(job_for(tmp_path, config), timeout=300, log=lines.append)
+
+    assert result.attempts == 1
+    assert (tmp_path / "out" / "model" / "config.json").is_file()
+    assert any(line.startswith("[master-0]") for line in lines)
+    assert any(line.startswith("[worker-1]") for line in lines)
+    params = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert params["parallel"]["plugin"] == "ddp"
+
+
+def test_failing_job_fails_the_task_with_its_log_tail_after_its_retries(tmp_path, tiny_model):
+    config = stage_dict("sft", tmp_path / "out", tiny_model, tmp_path / "missing.jsonl")
+    lines: list[str] = []
+    with pytest.raises(LaunchError) as err:
+        run_local(job_for(tmp_path, config, num_nodes=1, backoff_limit=1), timeout=300, log=lines.append)
+
+    message = str(err.value)
+    assert "af-local-test failed" in message and "exited with code" in message
+    assert "missing.jsonl: no such file or directory" in message  # the trainer's own error, from the tail
+    # backoffLimit 1 with restartPolicy OnFailure: the job ran twice.
+    assert sum("DataError" in line for line in lines) == 2
+
+
+def test_job_past_its_deadline_is_killed_and_reported(tmp_path):
+    job = job_for(tmp_path, {}, num_nodes=1)
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["command"] = [sys.executable, "-c", "import time; print('working', flush=True); time.sleep(60)"]
+    with pytest.raises(LaunchError, match="timed out") as err:
+        run_local(job, timeout=3, log=lambda line: None)
+    assert "working" in str(err.value)
