@@ -1,0 +1,75 @@
+"""Kubernetes mode through the real `kubernetes` client against a loopback stand-in of the API.
+
+A real cluster run is not part of CI (no API server can run here); see the README for one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from components.launcher import JobSpec, build_pytorchjob
+from components.launcher.kubernetes import KubernetesLauncher
+from tests.components.launcher.kube_standin import KubeStandIn
+from trainer.errors import LaunchError
+
+JOBS_PATH = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs"
+
+
+def manifest() -> dict:
+    return build_pytorchjob(JobSpec(name="af-sft-0123456789", stage="sft", config_uri="s3://b/sft.yaml",
+                                    image="alignflow/trainer:1", namespace="ml", num_nodes=2, gpus_per_node=1))
+
+
+def launcher_for(standin: KubeStandIn) -> KubernetesLauncher:
+    from kubernetes import client
+
+    configuration = client.Configuration(host=standin.host)
+    return KubernetesLauncher(client.ApiClient(configuration), watch_seconds=2)
+
+
+def test_succeeded_job_returns_and_is_deleted():
+    with KubeStandIn("succeed", log_text="step 1\nstep 2\ndone") as standin:
+        outcome = launcher_for(standin).run(manifest(), timeout=30)
+        assert (outcome.phase, outcome.reattached) == ("Succeeded", False)
+        assert outcome.log_tail.endswith("done")
+        assert ("POST", JOBS_PATH) in standin.requests
+        assert ("DELETE", f"{JOBS_PATH}/af-sft-0123456789") in standin.requests
+        assert standin.jobs == {}
+
+
+def test_failed_job_fails_the_task_with_the_master_log_tail():
+    log = "\n".join(f"line {i}" for i in range(100)) + "\nDataError: s3://b/train.jsonl:3: missing field 'prompt'"
+    with KubeStandIn("fail", log_text=log) as standin:
+        with pytest.raises(LaunchError, match="af-sft-0123456789 failed") as err:
+            launcher_for(standin).run(manifest(), timeout=30)
+        assert "DataError: s3://b/train.jsonl:3" in str(err.value)
+        assert "line 39" not in str(err.value)  # only the tail
+        assert standin.jobs == {}  # cleaned up after a failure too
+
+
+def test_restarting_job_is_followed_to_its_end():
+    phases: list[str] = []
+    with KubeStandIn("restart", step_seconds=0.3) as standin:
+        launcher = launcher_for(standin)
+        launcher.create(manifest())
+        final = launcher.wait("ml", "af-sft-0123456789", timeout=30, on_phase=phases.append)
+    assert final == "Succeeded"
+    assert "Restarting" in phases and phases[-1] == "Succeeded"
+
+
+def test_wait_gives_up_at_its_own_deadline_not_the_request_timeout():
+    with KubeStandIn("hang") as standin:
+        with pytest.raises(LaunchError, match="did not finish within 3 s"):
+            launcher_for(standin).run(manifest(), timeout=3)
+        assert standin.jobs == {}
+
+
+def test_retried_task_reattaches_to_the_running_job():
+    with KubeStandIn("succeed", step_seconds=0.3) as standin:
+        launcher = launcher_for(standin)
+        launcher.create(manifest())  # the first attempt of the task, which then died
+        outcome = launcher.run(manifest(), timeout=30)
+        assert outcome.reattached and outcome.phase == "Succeeded"
+        # Two create calls, one job: the second answered 409 and the launcher followed the first.
+        assert sum(1 for method, path in standin.requests if method == "POST") == 2
+        assert standin.created == [("ml", "af-sft-0123456789")]
