@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: venv
-	$(PY) -m ruff check trainer tests benchmarks
+	$(PY) -m ruff check trainer components pipelines tests benchmarks
 	$(PY) -m pytest
 
 demo: venv

@@ -114,6 +114,9 @@ class StageConfig(Section):
     output_dir: str = Field(
         description="Local directory or s3:// URI for checkpoints, metrics and the final HF model (`<output_dir>/model`)."
     )
+    export_dir: str | None = Field(
+        None, description="Where the final HF model goes (local or s3://); null uses `<output_dir>/model`."
+    )
     model: ModelConfig
     data: DataConfig
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and schedule.")

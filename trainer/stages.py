@@ -70,8 +70,14 @@ def local_work_dir(output_uri: str) -> Path:
 
 
 def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model",)) -> None:
-    """Copy the exported model(s) and the run's small files to a remote `output_dir` (rank 0)."""
-    if not is_remote(context.output_uri) or not context.env.is_main_process:
+    """Copy the exported model(s) and the run's small files to a remote `output_dir`, and the model
+    to `export_dir` when one is set (rank 0)."""
+    if not context.env.is_main_process:
+        return
+    if context.config.export_dir:
+        upload_dir(context.output_dir / "model", context.config.export_dir.rstrip("/"))
+        logger.info("model exported to %s", context.config.export_dir)
+    if not is_remote(context.output_uri):
         return
     for name in directories:
         upload_dir(context.output_dir / name, join_uri(context.output_uri, name))

@@ -31,12 +31,27 @@ def iter_rows(uri: str | Path) -> Iterator[tuple[str, object]]:
 def _iter_local(path: Path) -> Iterator[tuple[str, object]]:
     if path.is_dir():
         yield from _iter_hf_directory(path)
-    elif path.suffix == ".jsonl" or path.suffix == ".json":
+    elif _format(path) == "jsonl":
         yield from _iter_jsonl(path)
-    elif path.suffix == ".parquet":
+    elif _format(path) == "parquet":
         yield from _iter_parquet(path)
     else:
         raise DataError(f"{path}: unsupported data format {path.suffix!r}; expected .jsonl, .parquet or a datasets directory")
+
+
+def _format(path: Path) -> str | None:
+    """By extension; a file without one (a KFP Dataset artifact) by its first bytes."""
+    if path.suffix in (".jsonl", ".json"):
+        return "jsonl"
+    if path.suffix == ".parquet":
+        return "parquet"
+    if path.suffix:
+        return None
+    with path.open("rb") as handle:
+        head = handle.read(64)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    return "jsonl" if head.lstrip()[:1] in (b"{", b"") else None
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, object]]:

@@ -1,0 +1,1 @@
+"""The sft component."""

@@ -1,0 +1,1 @@
+"""KFP pipelines composed from alignflow's components, and the `alignflow` CLI."""

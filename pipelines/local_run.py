@@ -1,0 +1,74 @@
+"""`alignflow run`: a whole pipeline on this machine with kfp.local and the local launcher.
+
+Every stage's PyTorchJob runs as local processes, artifacts live under a local pipeline root, and
+MLflow tracks to `<root>/mlflow.db` unless MLFLOW_TRACKING_URI says otherwise. The summary reads
+each task's outputs back from the pipeline root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.registry import get_pipeline
+
+LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0}
+
+
+def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:
+    """Run pipeline `name` under `root`; return the run's folder."""
+    from kfp import local
+
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+    before = set(root.iterdir())
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    get_pipeline(name)(**{**LOCAL_ARGUMENTS, **arguments})
+    created = [p for p in root.iterdir() if p not in before and p.is_dir()]
+    return max(created, key=lambda p: p.stat().st_mtime)
+
+
+def task_outputs(run_dir: Path, started: float) -> dict[str, dict]:
+    """Per task, in the order they finished: wall time, metrics and returned values, model folder.
+
+    The local runner runs one task at a time, so a task's time is the gap since the previous
+    task (or the run's start, `started`, a `time.time()`) finished.
+    """
+    summary = {}
+    finished = sorted(((p / "executor_output.json").stat().st_mtime, p) for p in run_dir.iterdir()
+                      if (p / "executor_output.json").is_file())
+    previous = started
+    for finish, task_dir in finished:
+        output = json.loads((task_dir / "executor_output.json").read_text())
+        metrics: dict[str, float] = {}
+        for artifact in output.get("artifacts", {}).get("metrics", {}).get("artifacts", []):
+            metrics.update({k: v for k, v in artifact.get("metadata", {}).items() if isinstance(v, (int, float))})
+        metrics.update({k: v for k, v in output.get("parameterValues", {}).items() if isinstance(v, (int, float))})
+        model = task_dir / "model"
+        summary[task_dir.name] = {"seconds": finish - previous, "metrics": metrics,
+                                  "model": str(model) if (model / "config.json").is_file() else ""}
+        previous = finish
+    return summary
+
+
+KEY_METRICS = ("eval_loss", "eval_accuracy", "eval_rewards_accuracies", "eval_reward_before", "eval_reward",
+               "reward", "baseline_reward", "improvement", "Output")
+
+
+def format_summary(summary: dict[str, dict], elapsed: float) -> str:
+    lines = [f"{'task':<16} {'time':>7}  {'key metrics':<58} model"]
+    for task, info in summary.items():
+        shown = ", ".join(f"{k}={info['metrics'][k]:.3g}" for k in KEY_METRICS if k in info["metrics"])
+        lines.append(f"{task:<16} {info['seconds']:>6.1f}s  {shown:<58} {info['model']}")
+    lines.append(f"total {elapsed:.0f} s")
+    return "\n".join(lines)
+
+
+def run_and_summarise(name: str, root: Path, arguments: dict[str, Any]) -> str:
+    started = time.time()
+    run_dir = run_locally(name, root, arguments)
+    return format_summary(task_outputs(run_dir, started), time.time() - started)

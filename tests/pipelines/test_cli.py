@@ -1,0 +1,36 @@
+"""The `alignflow` CLI: compile, and clear errors for bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cli import main, parse_params
+from trainer.errors import PipelineError
+
+
+def test_compile_writes_a_package(tmp_path, capsys):
+    output = tmp_path / "out.yaml"
+    assert main(["compile", "rlhf-dpo", "-o", str(output)]) == 0
+    assert "pipelineInfo" in output.read_text()
+
+
+def test_unknown_pipeline_is_a_clear_error(tmp_path, capsys):
+    assert main(["compile", "rlhf-kto", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert "unknown pipeline 'rlhf-kto'" in capsys.readouterr().err
+
+
+def test_params_are_json_when_they_parse():
+    assert parse_params(["a=1", "b=0.5", "c=true", "d=text", 'e={"k": 2}']) == {
+        "a": 1, "b": 0.5, "c": True, "d": "text", "e": {"k": 2}}
+
+
+def test_param_without_equals_names_the_flag():
+    with pytest.raises(PipelineError, match="--param 'beta': expected key=value"):
+        parse_params(["beta"])
+
+
+def test_missing_output_flag_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compile", "rlhf-dpo"])
+    assert exit_info.value.code == 2
+    assert "-o/--output" in capsys.readouterr().err
