@@ -23,8 +23,11 @@ test: venv
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
 	$(PY) -m pytest
 
+# The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes).
 demo: venv
-	$(PY) -m trainer.tiny.demo --out $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-ppo --root $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-dpo --root $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-grpo --root $(DEMO_DIR)
 
 benchmark: venv
 	$(PY) benchmarks/supervised.py

@@ -24,10 +24,16 @@ def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
-    get_pipeline(name)(**{**LOCAL_ARGUMENTS, **arguments})
+    # Task processes inherit this environment: point MLflow at the root for the run only.
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = saved or f"sqlite:///{root / 'mlflow.db'}"
+    try:
+        get_pipeline(name)(**{**LOCAL_ARGUMENTS, **arguments})
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI")
     created = [p for p in root.iterdir() if p not in before and p.is_dir()]
     return max(created, key=lambda p: p.stat().st_mtime)
 

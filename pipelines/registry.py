@@ -9,8 +9,10 @@ from trainer.errors import PipelineError
 
 def pipelines() -> dict[str, Callable]:
     from pipelines.rlhf_dpo import rlhf_dpo
+    from pipelines.rlhf_grpo import rlhf_grpo
+    from pipelines.rlhf_ppo import rlhf_ppo
 
-    return {"rlhf-dpo": rlhf_dpo}
+    return {"rlhf-dpo": rlhf_dpo, "rlhf-ppo": rlhf_ppo, "rlhf-grpo": rlhf_grpo}
 
 
 def get_pipeline(name: str) -> Callable:

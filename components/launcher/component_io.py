@@ -8,10 +8,15 @@ from typing import Any
 
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
 
-# Component parameter -> dotted config key, for the parameters every training component shares.
-COMMON_KEYS = {"lr": "optimizer.lr", "max_epochs": "train.max_epochs", "micro_batch_size": "train.micro_batch_size",
-               "max_length": "data.max_length"}
-STAGE_KEYS = {"dpo": {"beta": "dpo.beta", "loss_type": "dpo.loss_type"}}
+# Component parameter -> dotted config key, for the parameters the training components share.
+COMMON_KEYS = {"lr": "optimizer.lr", "micro_batch_size": "train.micro_batch_size", "max_length": "data.max_length"}
+STAGE_KEYS = {
+    "sft": {"max_epochs": "train.max_epochs"},
+    "rm": {"max_epochs": "train.max_epochs"},
+    "dpo": {"max_epochs": "train.max_epochs", "beta": "dpo.beta", "loss_type": "dpo.loss_type"},
+    "ppo": {"num_episodes": "ppo.num_episodes", "kl_coef": "ppo.kl_coef"},
+    "grpo": {"num_episodes": "grpo.num_episodes", "num_generations": "grpo.num_generations"},
+}
 
 
 def set_dotted(config: dict, key: str, value: Any) -> None:
@@ -25,8 +30,16 @@ def stage_config(stage: str, params: dict[str, Any]) -> dict:
     """The stage config from a component's inputs; `settings` ({"dotted.key": value}) wins."""
     config: dict = {"model": {"path": params["base_model"].uri},
                     "data": {"train_path": params["train_dataset"].uri, "eval_path": params["eval_dataset"].uri}}
-    for name, key in {**COMMON_KEYS, **STAGE_KEYS.get(stage, {})}.items():
+    for name, key in {**COMMON_KEYS, **STAGE_KEYS[stage]}.items():
         set_dotted(config, key, params[name])
+    if stage in ("ppo", "grpo"):
+        # A reward function, when given, wins over the reward model (PPO's critic still starts there).
+        if params.get("reward_function"):
+            config["reward"] = {"function": params["reward_function"]}
+        else:
+            config["reward"] = {"model_path": params["reward_model"].uri}
+        if stage == "ppo" and params.get("reward_model") is not None:
+            set_dotted(config, "ppo.critic_model_path", params["reward_model"].uri)
     for key, value in (params.get("settings") or {}).items():
         set_dotted(config, key, value)
     return config

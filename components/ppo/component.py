@@ -1,0 +1,60 @@
+"""train_ppo: PPO against a reward model or a reward function, as a PyTorchJob."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.images import LAUNCHER_IMAGE
+
+
+@dsl.component(base_image=LAUNCHER_IMAGE)
+def train_ppo(
+    base_model: Input[Model],
+    train_dataset: Input[Dataset],
+    eval_dataset: Input[Dataset],
+    reward_model: Input[Model],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    run_id: str,
+    reward_function: str = "",
+    lr: float = 1e-6,
+    num_episodes: int = 10,
+    micro_batch_size: int = 8,
+    max_length: int = 1024,
+    kl_coef: float = 0.05,
+    settings: dict = {},
+    launcher_mode: str = "kubernetes",
+    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    num_nodes: int = 1,
+    gpus_per_node: int = 1,
+    s3_secret: str = "",
+    job_root: str = "",
+):
+    """Optimise a policy with PPO (actor, critic on the reward model, frozen reference).
+
+    Args:
+        base_model: The SFT model: the actor starts here and a frozen copy is the reference.
+        train_dataset: Prompt rows (prompt, optional answer) as JSONL.
+        eval_dataset: Held-out prompt rows (the mean reward before and after is reported).
+        reward_model: The reward model scoring responses (and the critic's starting point).
+        model: The PPO-trained policy.
+        metrics: Final training and evaluation metrics.
+        report: Metrics, curves and the resolved config.
+        run_id: The pipeline run id (names the job and keys its checkpoints).
+        reward_function: `module:function` to score with instead of the reward model.
+        lr: Peak learning rate of the actor.
+        num_episodes: Collect-then-learn rounds.
+        micro_batch_size: Sequences per rank per forward pass.
+        max_length: Longest prompt in tokens.
+        kl_coef: Weight of the per-token KL penalty to the reference.
+        settings: Any other config fields, as {"dotted.key": value}.
+        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
+        trainer_image: Image of the PyTorchJob.
+        num_nodes: Nodes (Master plus Workers).
+        gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
+        s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+        job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.
+    """
+    from components.launcher.component_io import run_training_component
+
+    run_training_component("ppo", locals())

@@ -1,0 +1,54 @@
+"""train_reward_model: a Bradley-Terry reward model as a PyTorchJob."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.images import LAUNCHER_IMAGE
+
+
+@dsl.component(base_image=LAUNCHER_IMAGE)
+def train_reward_model(
+    base_model: Input[Model],
+    train_dataset: Input[Dataset],
+    eval_dataset: Input[Dataset],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    run_id: str,
+    lr: float = 1e-5,
+    max_epochs: int = 1,
+    micro_batch_size: int = 8,
+    max_length: int = 1024,
+    settings: dict = {},
+    launcher_mode: str = "kubernetes",
+    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    num_nodes: int = 1,
+    gpus_per_node: int = 1,
+    s3_secret: str = "",
+    job_root: str = "",
+):
+    """Train a reward model (backbone plus scalar head) on preference pairs.
+
+    Args:
+        base_model: The HF model whose backbone the reward model starts from.
+        train_dataset: Preference rows (prompt, chosen, rejected) as JSONL.
+        eval_dataset: Held-out preference rows (pair accuracy and margin are reported).
+        model: The reward model (HF backbone plus value_head.safetensors).
+        metrics: Final training and evaluation metrics.
+        report: Metrics, curves and the resolved config.
+        run_id: The pipeline run id (names the job and keys its checkpoints).
+        lr: Peak learning rate of AdamW.
+        max_epochs: Passes over the training data.
+        micro_batch_size: Pairs per rank per forward pass.
+        max_length: Longest tokenized sequence in tokens.
+        settings: Any other config fields, as {"dotted.key": value}.
+        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
+        trainer_image: Image of the PyTorchJob.
+        num_nodes: Nodes (Master plus Workers).
+        gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
+        s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+        job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.
+    """
+    from components.launcher.component_io import run_training_component
+
+    run_training_component("rm", locals())
