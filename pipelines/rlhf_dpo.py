@@ -4,7 +4,7 @@ from kfp import dsl
 
 from components.dpo.component import train_dpo
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft
+from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft, with_cleanup
 
 TINY = {"train.micro_batch_size": 16, "data.max_length": 32, "optimizer.warmup_steps": 5}
 
@@ -29,8 +29,9 @@ def rlhf_dpo(
     registered_model_name: str = "alignflow-dpo",
 ):
     cluster = cluster_arguments(launcher_mode, trainer_image, gpus_per_node, s3_secret)
-    inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
-    dpo = as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
-                             eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
-                             beta=dpo_beta, settings=dpo_settings, **cluster))
-    evaluate_and_register(dpo, sft, inputs, reward_function, max_new_tokens, registered_model_name)
+    with with_cleanup(launcher_mode):
+        inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
+        dpo = as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
+                                 eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
+                                 beta=dpo_beta, settings=dpo_settings, **cluster))
+        evaluate_and_register(dpo, sft, inputs, reward_function, max_new_tokens, registered_model_name)

@@ -4,7 +4,7 @@ from kfp import dsl
 
 from components.grpo.component import train_grpo
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft
+from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft, with_cleanup
 
 TINY = {"train.micro_batch_size": 16, "data.max_length": 32, "optimizer.warmup_steps": 5}
 TINY_GRPO = {"train.micro_batch_size": 64, "data.max_length": 32, "optimizer.scheduler": "constant",
@@ -32,9 +32,10 @@ def rlhf_grpo(
     registered_model_name: str = "alignflow-grpo",
 ):
     cluster = cluster_arguments(launcher_mode, trainer_image, gpus_per_node, s3_secret)
-    inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
-    grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
-                               eval_dataset=inputs.outputs["prompts"], reward_function=reward_function,
-                               lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
-                               settings=grpo_settings, **cluster))
-    evaluate_and_register(grpo, sft, inputs, reward_function, max_new_tokens, registered_model_name)
+    with with_cleanup(launcher_mode):
+        inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
+        grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+                                   eval_dataset=inputs.outputs["prompts"], reward_function=reward_function,
+                                   lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
+                                   settings=grpo_settings, **cluster))
+        evaluate_and_register(grpo, sft, inputs, reward_function, max_new_tokens, registered_model_name)

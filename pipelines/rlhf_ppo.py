@@ -5,7 +5,7 @@ from kfp import dsl
 from components.ppo.component import train_ppo
 from components.rm.component import train_reward_model
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft
+from pipelines.steps import cluster_arguments, evaluate_and_register, prepare_and_sft, with_cleanup
 
 TINY = {"train.micro_batch_size": 16, "data.max_length": 32, "optimizer.warmup_steps": 5}
 TINY_PPO = {"train.micro_batch_size": 64, "data.max_length": 32, "optimizer.scheduler": "constant",
@@ -37,13 +37,14 @@ def rlhf_ppo(
     registered_model_name: str = "alignflow-ppo",
 ):
     cluster = cluster_arguments(launcher_mode, trainer_image, gpus_per_node, s3_secret)
-    inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
-    reward_model = as_stage(train_reward_model(
-        base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
-        eval_dataset=inputs.outputs["preference_eval"], lr=rm_lr, max_epochs=rm_epochs, settings=rm_settings,
-        **cluster))
-    ppo = as_stage(train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
-                             eval_dataset=inputs.outputs["prompts"], reward_model=reward_model.outputs["model"],
-                             reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
-                             kl_coef=ppo_kl_coef, settings=ppo_settings, **cluster))
-    evaluate_and_register(ppo, sft, inputs, reward_function, max_new_tokens, registered_model_name)
+    with with_cleanup(launcher_mode):
+        inputs, sft = prepare_and_sft(source, base_model_uri, cluster, sft_lr, sft_epochs, sft_settings)
+        reward_model = as_stage(train_reward_model(
+            base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
+            eval_dataset=inputs.outputs["preference_eval"], lr=rm_lr, max_epochs=rm_epochs, settings=rm_settings,
+            **cluster))
+        ppo = as_stage(train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+                                 eval_dataset=inputs.outputs["prompts"], reward_model=reward_model.outputs["model"],
+                                 reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
+                                 kl_coef=ppo_kl_coef, settings=ppo_settings, **cluster))
+        evaluate_and_register(ppo, sft, inputs, reward_function, max_new_tokens, registered_model_name)

@@ -2,6 +2,7 @@
 
 from kfp import dsl
 
+from components.cleanup.component import cleanup_jobs
 from components.evaluate.component import evaluate_model
 from components.prepare.component import prepare_inputs
 from components.register.component import register_model
@@ -28,6 +29,12 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                                 max_new_tokens=max_new_tokens)
     with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
         register_model(model=candidate.outputs["model"], name=registered_model_name)
+
+
+def with_cleanup(launcher_mode: str) -> dsl.ExitHandler:
+    """Wrap a pipeline's stages so its PyTorchJobs are deleted when the run ends, however it ends."""
+    return dsl.ExitHandler(cleanup_jobs(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, launcher_mode=launcher_mode),
+                           name="run-stages")
 
 
 def cluster_arguments(launcher_mode: str, trainer_image: str, gpus_per_node: int, s3_secret: str) -> dict:

@@ -126,6 +126,15 @@ class KubernetesLauncher:
             if err.status != 404:
                 logger.warning("could not delete PyTorchJob %s/%s: %s %s", namespace, name, err.status, err.reason)
 
+    def delete_run_jobs(self, namespace: str, run_label: str) -> list[str]:
+        """Delete every PyTorchJob labelled `alignflow/run=<run_label>` (the exit handler's cleanup)."""
+        jobs = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                         label_selector=f"alignflow/run={run_label}")
+        names = [job["metadata"]["name"] for job in jobs.get("items", [])]
+        for name in names:
+            self.delete(namespace, name)
+        return names
+
     def run(self, manifest: dict, timeout: float, keep_job: bool = False) -> JobOutcome:
         """Create (or re-attach), wait, and clean up. Raises LaunchError when the job fails or times out."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]

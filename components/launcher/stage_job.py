@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -19,13 +20,30 @@ from trainer.storage import get_storage, join_uri
 logger = logging.getLogger(__name__)
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def current_namespace() -> str:
+    """The namespace this pod runs in (where KFP runs the component), else `default`."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as handle:
+            return handle.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def run_label(run_id: str) -> str:
+    """The `alignflow/run` label value of a run's jobs (a valid label value, at most 63 characters)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[:63].strip("-_.") or "run"
+
+
 @dataclass(slots=True)
 class ClusterOptions:
     """Where and how the job runs. `mode` is `local` (processes on this machine) or `kubernetes`."""
 
     mode: str = "local"
     image: str = "alignflow-trainer:latest"
-    namespace: str = "default"
+    namespace: str = field(default_factory=current_namespace)
     num_nodes: int = 1
     nproc_per_node: int = 1
     gpus_per_node: int = 0
@@ -52,7 +70,8 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, ru
                    namespace=cluster.namespace, num_nodes=cluster.num_nodes, nproc_per_node=cluster.nproc_per_node,
                    gpus_per_node=cluster.gpus_per_node, node_selector=cluster.node_selector,
                    tolerations=cluster.tolerations, secret_env=secrets, backoff_limit=cluster.backoff_limit,
-                   env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env})
+                   env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
+                   labels={"alignflow/run": run_label(run_id)})
     manifest = build_pytorchjob(spec)
     if cluster.mode == "local":
         from components.launcher.local import run_local

@@ -30,6 +30,7 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     text = package.read_text()
     assert "beats-baseline" in text  # the registration gate
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
+    assert "exit-handler" in text and "cleanup-jobs" in text  # jobs are deleted however the run ends
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_pipeline_runs_every_stage_and_writes_models(local_run):
 
     _, run_dir = local_run
     summary = task_outputs(run_dir, started=0.0)
-    assert list(summary) == ["prepare-inputs", "train-sft", "train-dpo", "evaluate-model"]
+    assert list(summary) == ["prepare-inputs", "train-sft", "train-dpo", "evaluate-model", "cleanup-jobs"]
     assert summary["train-sft"]["metrics"]["eval_loss"] > 0
     assert 0 <= summary["train-dpo"]["metrics"]["eval_rewards_accuracies"] <= 1
     AutoModelForCausalLM.from_pretrained(summary["train-dpo"]["model"])

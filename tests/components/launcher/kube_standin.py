@@ -116,7 +116,9 @@ class KubeStandIn:
                         return self._status(404, "NotFound", f'pytorchjobs "{name}" not found')
                     return self._send(200, standin.current((namespace, name)))
                 selected = query.get("fieldSelector", [""])[0].removeprefix("metadata.name=")
-                keys = [k for k in standin.jobs if k[0] == namespace and (not selected or k[1] == selected)]
+                labels = dict(item.split("=", 1) for item in query.get("labelSelector", [""])[0].split(",") if item)
+                keys = [k for k in standin.jobs if k[0] == namespace and (not selected or k[1] == selected)
+                        and labels.items() <= standin.jobs[k]["metadata"].get("labels", {}).items()]
                 if query.get("watch", ["false"])[0].lower() != "true":  # the client sends "True"
                     return self._send(200, {"kind": "PyTorchJobList", "apiVersion": "kubeflow.org/v1",
                                             "metadata": {"resourceVersion": "1"},

@@ -73,3 +73,16 @@ def test_retried_task_reattaches_to_the_running_job():
         # Two create calls, one job: the second answered 409 and the launcher followed the first.
         assert sum(1 for method, path in standin.requests if method == "POST") == 2
         assert standin.created == [("ml", "af-sft-0123456789")]
+
+
+def test_exit_handler_cleanup_deletes_only_the_runs_jobs():
+    def job(name: str, run: str) -> dict:
+        return build_pytorchjob(JobSpec(name=name, stage="sft", config_uri="s3://b/c.yaml", image="i", namespace="ml",
+                                        labels={"alignflow/run": run}))
+
+    with KubeStandIn("hang") as standin:
+        launcher = launcher_for(standin)
+        for name, run in (("af-sft-a", "run-1"), ("af-dpo-b", "run-1"), ("af-sft-c", "run-2")):
+            launcher.create(job(name, run))
+        assert sorted(launcher.delete_run_jobs("ml", "run-1")) == ["af-dpo-b", "af-sft-a"]
+        assert list(standin.jobs) == [("ml", "af-sft-c")]

@@ -1,0 +1,1 @@
+"""The cleanup component."""
