@@ -99,6 +99,13 @@ class MlflowTracker:
         monitor.start()
         return monitor
 
+    def location(self) -> dict[str, str]:
+        """Tracking URI, experiment and run ids, and a browser link when the server has a UI."""
+        experiment_id = self.client.get_run(self.run_id).info.experiment_id
+        uri = self.client.tracking_uri
+        link = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self.run_id}" if uri.startswith("http") else ""
+        return {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": self.run_id, "link": link}
+
     # -- the Tracker interface ----------------------------------------------------------------------
 
     def log_params(self, params: dict[str, Any]) -> None:

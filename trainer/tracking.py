@@ -95,7 +95,10 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
         from trainer.runtime import read_tracking_env
 
         try:
-            trackers.append(MlflowTracker(config, read_tracking_env(), run_name))
+            tracker = MlflowTracker(config, read_tracking_env(), run_name)
+            trackers.append(tracker)
+            # Where the run is, for reports that link to it (published with the run's outputs).
+            (directory / "mlflow_run.json").write_text(json.dumps(tracker.location()))
         except Exception as err:  # noqa: BLE001 - no tracking server must not stop training
             logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", err)
     return MultiTracker(trackers)

@@ -109,5 +109,10 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
         values = [row[key] for row in history if key in row]
         if len(values) > 1:
             lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
+    run_uri = join_uri(job_root, "mlflow_run.json")
+    if storage.exists(run_uri):
+        run = json.loads(storage.read_bytes(run_uri))
+        where = f"[{run['run_id']}]({run['link']})" if run.get("link") else f"`{run['run_id']}` in `{run['tracking_uri']}`"
+        lines += ["", f"MLflow run: {where}"]
     lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
     return "\n".join(lines) + "\n"

@@ -51,6 +51,15 @@ def test_pipeline_runs_every_stage_and_writes_models(local_run):
     AutoModelForCausalLM.from_pretrained(summary["train-dpo"]["model"])
 
 
+def test_stage_report_shows_metrics_curves_config_and_the_mlflow_run(local_run):
+    _, run_dir = local_run
+    report = (run_dir / "train-dpo" / "report").read_text()
+    assert "| eval/rewards/accuracies |" in report
+    assert "- `loss`" in report  # a curve
+    assert "MLflow run: `" in report and "mlflow.db" in report
+    assert "beta: 0.1" in report  # the resolved config
+
+
 def test_gate_skips_registration_when_dpo_does_not_beat_sft(local_run):
     _, run_dir = local_run
     output = json.loads((run_dir / "evaluate-model" / "executor_output.json").read_text())
