@@ -8,7 +8,9 @@ each task's outputs back from the pipeline root.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,49 @@ from pipelines.registry import get_pipeline
 LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0}
 
 
+class _TaskProgress(logging.Filter):
+    """Turns kfp.local's log records into a one-line progress display (a rich status on a terminal).
+
+    A filter on the root logger, not a handler: kfp.local replaces the root logger's handlers
+    while it runs, but leaves its filters alone. It lets every record through.
+    """
+
+    TASK = re.compile(r"Executing task '?\x1b\[\d+m'?([\w-]+)")
+
+    def __init__(self, status: Any) -> None:
+        super().__init__()
+        self.status = status
+        self.started = time.monotonic()
+        self.done: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self._update(record.getMessage())
+        return True
+
+    def _update(self, message: str) -> None:
+        if (match := self.TASK.search(message)) or (match := re.search(r"Executing task '?([\w-]+)", message)):
+            finished = ", ".join(self.done) or "-"
+            self.status.update(f"[bold]{match.group(1)}[/] running ({time.monotonic() - self.started:.0f} s; "
+                               f"done: {finished})")
+        elif "finished with status" in message and (task := re.search(r"Task \S*?'([\w-]+)", message)):
+            self.done.append(task.group(1))
+
+
 def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:
     """Run pipeline `name` under `root`; return the run's folder."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(f"starting {name}") as status:
+        progress = _TaskProgress(status)
+        logging.getLogger().addFilter(progress)
+        try:
+            return _run(name, root, arguments)
+        finally:
+            logging.getLogger().removeFilter(progress)
+
+
+def _run(name: str, root: Path, arguments: dict[str, Any]) -> Path:
     from kfp import local
 
     root = root.resolve()
