@@ -41,6 +41,7 @@ from trainer.supervised import StopTraining
 from trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
+SAMPLES_KEPT = 5
 
 
 class PromptStream:
@@ -119,6 +120,7 @@ class PPOTrainer(OLTrainer):
         self.global_step = 0
         self.kl_controller = self._make_kl_controller()
         self.last_metrics: dict[str, float] = {}
+        self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
 
     def _make_kl_controller(self) -> AdaptiveKLController | None:
         options = self.config.ppo
@@ -136,7 +138,10 @@ class PPOTrainer(OLTrainer):
         batch = generate(self.actor, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in rows],
                          self.config.generation, self.device)
         prompts = [r["prompt"] if isinstance(r["prompt"], str) else str(r["prompt"]) for r in rows]
-        scores = self.scorer(batch, prompts, decode_responses(self.tokenizer, batch), [r.get("answer") for r in rows])
+        responses = decode_responses(self.tokenizer, batch)
+        scores = self.scorer(batch, prompts, responses, [r.get("answer") for r in rows])
+        self.samples = [{"prompt": p, "response": r, "score": float(s)}
+                        for p, r, s in zip(prompts[:SAMPLES_KEPT], responses, scores.tolist())]
         return batch, scores
 
     @torch.no_grad()

@@ -150,6 +150,7 @@ def _export(context: RunContext, trainer: PPOTrainer, metrics: dict[str, float])
             scale = lora.alpha / lora.r if lora and name == "model" else None
             export_model(unwrap_model(model), states[name], context.tokenizer, context.output_dir / name, lora_scale=scale)
         (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+        (context.output_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in trainer.samples))
         logger.info("model written to %s", join_uri(context.output_uri, "model"))
         context.tracker.log_model(context.output_dir / "model")
     publish_outputs(context, tuple(exports))

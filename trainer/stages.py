@@ -82,7 +82,8 @@ def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model"
     for name in directories:
         upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
     storage = get_storage(context.output_uri)
-    for name in ("config.yaml", "params.json", "metrics.jsonl", "final_metrics.json", "mlflow_run.json"):
+    for name in ("config.yaml", "params.json", "metrics.jsonl", "final_metrics.json", "mlflow_run.json",
+                 "samples.jsonl"):
         if (context.output_dir / name).is_file():
             storage.upload_file(context.output_dir / name, join_uri(context.output_uri, name))
     logger.info("published outputs to %s", context.output_uri)

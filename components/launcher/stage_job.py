@@ -109,6 +109,11 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
         values = [row[key] for row in history if key in row]
         if len(values) > 1:
             lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
+    samples_uri = join_uri(job_root, "samples.jsonl")
+    if storage.exists(samples_uri):
+        samples = [json.loads(line) for line in storage.read_bytes(samples_uri).decode().splitlines() if line]
+        lines += ["", "## Sample generations (last episode)", "", "| prompt | response | score |", "|---|---|---|"]
+        lines += [f"| {_cell(s['prompt'])} | {_cell(s['response'])} | {s['score']:.3g} |" for s in samples]
     run_uri = join_uri(job_root, "mlflow_run.json")
     if storage.exists(run_uri):
         run = json.loads(storage.read_bytes(run_uri))
@@ -116,3 +121,8 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
         lines += ["", f"MLflow run: {where}"]
     lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")[:200]

@@ -86,6 +86,10 @@ def test_online_pipeline_runs_end_to_end(name, tmp_path):
     if name == "rlhf-grpo":
         # GRPO on the checker raises greedy accuracy, so the gate opens and the model is registered.
         assert evaluation["improvement"] > 0 and "register-model" in summary
+        report = (run_dir / "train-grpo" / "report").read_text()
+        samples = report.split("## Sample generations")[1].split("\n## ")[0]
+        rows = [line for line in samples.splitlines() if line.startswith("| ") and "=" in line]
+        assert len(rows) == 5  # prompt, response and score of five rollouts
     else:
         # PPO against the tiny reward model raises that model's score but not the checker's: the
         # gate stays closed (reward hacking, caught).
