@@ -54,10 +54,24 @@ def cluster_options(params: dict[str, Any]) -> ClusterOptions:
                           nproc_per_node=max(gpus, 1), gpus_per_node=gpus, s3_secret=params["s3_secret"], env=env)
 
 
+def default_job_root(model_uri: str, run_id: str, stage: str) -> str:
+    """Checkpoint root of a stage: `<pipeline root>/<pipeline>/<run id>/alignflow-jobs/<stage>`.
+
+    KFP names output URIs `.../<run id>/<task>/<execution id>/<output>`; a retried task gets a new
+    execution id, so the root is cut at the run id to let the retry find its checkpoints. Where the
+    URI does not contain the run id (kfp.local), the folder beside the model is used.
+    """
+    uri = model_uri.rstrip("/")
+    marker = f"/{run_id}/"
+    if run_id and marker in uri:
+        return uri[:uri.index(marker) + len(marker)] + f"alignflow-jobs/{stage}"
+    return posixpath.join(posixpath.dirname(uri), "job")
+
+
 def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, float]:
     """Run the stage's job and publish its Model, Metrics and Markdown report."""
     model, metrics, report = params["model"], params["metrics"], params["report"]
-    job_root = params.get("job_root") or posixpath.join(posixpath.dirname(model.uri.rstrip("/")), "job")
+    job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
     final = run_stage_job(stage, config, model_uri=model.uri, job_root=job_root, run_id=params["run_id"],
                           task=f"{stage}", cluster=cluster_options(params))

@@ -56,14 +56,8 @@ class ClusterOptions:
     backoff_limit: int = 1
 
 
-def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, run_id: str, task: str,
-                  cluster: ClusterOptions) -> dict[str, float]:
-    """Launch `python -m trainer <stage>` as a PyTorchJob and return its final metrics."""
-    job_root = job_root.rstrip("/")
-    config = {**config, "output_dir": job_root, "export_dir": model_uri}
-    config_uri = join_uri(job_root, f"{stage}.yaml")
-    storage = get_storage(job_root)
-    storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
+def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions) -> dict:
+    """The PyTorchJob a stage component creates."""
     secrets = [SecretEnv("AWS_ACCESS_KEY_ID", cluster.s3_secret, "AWS_ACCESS_KEY_ID"),
                SecretEnv("AWS_SECRET_ACCESS_KEY", cluster.s3_secret, "AWS_SECRET_ACCESS_KEY")] if cluster.s3_secret else []
     spec = JobSpec(name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri, image=cluster.image,
@@ -72,7 +66,18 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, ru
                    tolerations=cluster.tolerations, secret_env=secrets, backoff_limit=cluster.backoff_limit,
                    env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
-    manifest = build_pytorchjob(spec)
+    return build_pytorchjob(spec)
+
+
+def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, run_id: str, task: str,
+                  cluster: ClusterOptions) -> dict[str, float]:
+    """Launch `python -m trainer <stage>` as a PyTorchJob and return its final metrics."""
+    job_root = job_root.rstrip("/")
+    config = {**config, "output_dir": job_root, "export_dir": model_uri}
+    config_uri = join_uri(job_root, f"{stage}.yaml")
+    storage = get_storage(job_root)
+    storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
+    manifest = stage_manifest(stage, config_uri, run_id, task, cluster)
     if cluster.mode == "local":
         from components.launcher.local import run_local
 
