@@ -105,7 +105,7 @@ def task_outputs(run_dir: Path, started: float) -> dict[str, dict]:
 
 
 KEY_METRICS = ("eval_loss", "eval_accuracy", "eval_rewards_accuracies", "eval_reward_before", "eval_reward",
-               "reward", "baseline_reward", "improvement", "Output")
+               "reward", "baseline_reward", "rm_score", "baseline_rm_score", "improvement")
 
 
 def format_summary(summary: dict[str, dict], elapsed: float) -> str:

@@ -47,4 +47,5 @@ def rlhf_ppo(
                                  eval_dataset=inputs.outputs["prompts"], reward_model=reward_model.outputs["model"],
                                  reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
                                  kl_coef=ppo_kl_coef, settings=ppo_settings, **cluster))
-        evaluate_and_register(ppo, sft, inputs, reward_function, max_new_tokens, registered_model_name)
+        evaluate_and_register(ppo, sft, inputs, reward_function, max_new_tokens, registered_model_name,
+                              reward_model=reward_model)

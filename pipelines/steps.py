@@ -22,11 +22,13 @@ def prepare_and_sft(source: str, base_model_uri: str, cluster: dict, sft_lr: flo
 
 
 def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTask, inputs: dsl.PipelineTask,
-                          reward_function: str, max_new_tokens: int, registered_model_name: str) -> None:
-    """Compare the candidate with the baseline; register the candidate only if it scores higher."""
+                          reward_function: str, max_new_tokens: int, registered_model_name: str,
+                          reward_model: dsl.PipelineTask | None = None) -> None:
+    """Compare the candidate with the baseline; register the candidate only if its checkable reward is higher."""
+    extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
     evaluation = evaluate_model(model=candidate.outputs["model"], baseline=baseline.outputs["model"],
                                 prompts=inputs.outputs["prompts"], reward_function=reward_function,
-                                max_new_tokens=max_new_tokens)
+                                max_new_tokens=max_new_tokens, **extra)
     with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
         register_model(model=candidate.outputs["model"], name=registered_model_name)
 

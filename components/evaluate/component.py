@@ -13,6 +13,7 @@ def evaluate_model(
     prompts: Input[Dataset],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    reward_model: Input[Model] = None,
     reward_function: str = "trainer.tiny.task:reward",
     max_new_tokens: int = 32,
 ) -> float:
@@ -22,23 +23,32 @@ def evaluate_model(
         model: The candidate HF model.
         baseline: The HF model to beat (e.g. the SFT model).
         prompts: Prompt rows with answers, as JSONL.
-        metrics: `reward` and `baseline_reward` (mean reward-function score) and their difference.
+        metrics: `reward` and `baseline_reward` (mean checkable reward from the reward function),
+            `improvement`, and with a reward model `rm_score` and `baseline_rm_score`.
         report: A Markdown table of the comparison.
+        reward_model: Optional reward model whose mean score is reported too.
         reward_function: `module:function` called as f(prompt, completion, answer) -> float.
         max_new_tokens: Longest response.
 
     Returns:
-        The candidate's mean reward minus the baseline's (positive when the candidate is better).
+        The candidate's mean checkable reward minus the baseline's (positive when it is better).
     """
-    from components.evaluate.scoring import mean_reward
+    from components.evaluate.scoring import score_model
 
-    scores = {name: mean_reward(artifact.path, prompts.path, reward_function, max_new_tokens)
-              for name, artifact in (("model", model), ("baseline", baseline))}
-    improvement = scores["model"] - scores["baseline"]
-    metrics.log_metric("reward", scores["model"])
-    metrics.log_metric("baseline_reward", scores["baseline"])
+    reward_model_dir = reward_model.path if reward_model is not None else None
+    scores = {name: score_model(artifact.path, prompts.path, reward_function, reward_model_dir, max_new_tokens)
+              for name, artifact in (("candidate", model), ("baseline", baseline))}
+    improvement = scores["candidate"]["reward"] - scores["baseline"]["reward"]
+    metrics.log_metric("reward", scores["candidate"]["reward"])
+    metrics.log_metric("baseline_reward", scores["baseline"]["reward"])
     metrics.log_metric("improvement", improvement)
+    if reward_model_dir:
+        metrics.log_metric("rm_score", scores["candidate"]["rm_score"])
+        metrics.log_metric("baseline_rm_score", scores["baseline"]["rm_score"])
+    columns = ["reward"] + (["rm_score"] if reward_model_dir else [])
+    rows = [f"| {name} | " + " | ".join(f"{scores[name][c]:.3f}" for c in columns) + " |"
+            for name in ("candidate", "baseline")]
     with open(report.path, "w") as handle:
-        handle.write("| model | mean reward |\n|---|---|\n"
-                     f"| candidate | {scores['model']:.3f} |\n| baseline | {scores['baseline']:.3f} |\n")
+        handle.write("| model | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
+                     + "\n".join(rows) + "\n")
     return improvement
