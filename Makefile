@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
 
-.PHONY: test demo benchmark venv clean
+.PHONY: test demo benchmark venv clean images
 
 venv: $(STAMP)
 
@@ -31,6 +31,15 @@ demo: venv
 
 benchmark: venv
 	$(PY) benchmarks/supervised.py
+
+# Builds both images with whatever builder this machine has (none can run on the CI machine).
+images:
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder="docker build"; \
+	elif command -v buildah >/dev/null 2>&1; then builder="buildah bud --isolation chroot"; \
+	elif command -v podman >/dev/null 2>&1; then builder="podman build"; \
+	else echo "make images: no docker daemon, buildah or podman here" >&2; exit 1; fi; \
+	$$builder -f images/trainer/Dockerfile -t alignflow-trainer:latest . && \
+	$$builder -f images/launcher/Dockerfile -t alignflow-launcher:latest .
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache
