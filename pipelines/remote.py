@@ -2,7 +2,8 @@
 
 Packages are compiled here from the pipeline functions, so what is submitted is what `alignflow
 compile` writes. Authentication uses the KFP client's own mechanisms (`KF_PIPELINES_*` variables,
-the in-cluster service account token, a kube context); nothing secret is passed on the command line.
+the in-cluster service account token, a kube context) or a bearer token in `KFP_TOKEN`; nothing
+secret is passed on the command line.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ def compile_package(name: str, directory: Path) -> Path:
 
 
 def make_client(host: str) -> Any:
+    """A KFP client; a bearer token, when the endpoint needs one, comes from KFP_TOKEN."""
+    import os
+
     import kfp
 
-    return kfp.Client(host=host)
+    return kfp.Client(host=host, existing_token=os.environ.get("KFP_TOKEN") or None)
 
 
 def cron_with_seconds(expression: str) -> str:
