@@ -114,9 +114,9 @@ class TorchTrainEngine(TrainEngineWrapper):
         # Non-blocking: tensors are copied, then written (uploaded) by a background thread.
         self.trainer.checkpoints.save(self.trainer.components(), state, self._step, block=block_until_saved)
         if save_as_hf:
-            from trainer.online_stages import _export
+            from trainer.online_stages import export_outputs
 
-            _export(self.context, self.trainer, {"train_step": self._step, **self.trainer.last_metrics})
+            export_outputs(self.context, self.trainer, {"train_step": self._step, **self.trainer.last_metrics})
 
     def wait_for_save(self) -> None:
         self.trainer.checkpoints.wait()

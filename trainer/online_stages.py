@@ -134,13 +134,14 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         if eval_rows:
             metrics["eval/reward"] = trainer.evaluate(eval_rows)
         metrics.update(trainer.last_metrics, global_step=trainer.global_step, episodes=trainer.num_episodes_done)
-        _export(context, trainer, metrics)
+        export_outputs(context, trainer, metrics)
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
         context.tracker.close()
 
 
-def _export(context: RunContext, trainer: PPOTrainer, metrics: dict[str, float]) -> None:
+def export_outputs(context: RunContext, trainer: PPOTrainer, metrics: dict[str, float]) -> None:
+    """Export the actor (and critic) as HF models, write final_metrics.json and samples, publish them."""
     exports = {"model": trainer.actor} | ({"critic": trainer.critic} if trainer.critic is not None else {})
     states = {name: context.booster.full_state_dict(model) for name, model in exports.items()}  # collectives
     context.tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval/")}, trainer.global_step)
