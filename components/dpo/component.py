@@ -41,10 +41,10 @@ def train_dpo(
         run_id: The pipeline run id (names the job and keys its checkpoints).
         lr: Peak learning rate of AdamW.
         max_epochs: Passes over the training data.
-        micro_batch_size: Pairs per rank per forward pass.
-        max_length: Longest tokenized sequence in tokens.
-        beta: Strength of the pull towards the reference (beta in the DPO paper).
-        loss_type: `sigmoid`, `ipo` or `simpo`.
+        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        max_length: Longest tokenized sample in tokens; longer samples are truncated.
+        beta: Strength of the pull towards the reference (beta in the DPO paper). > 0.
+        loss_type: `sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free).
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
         trainer_image: Image of the PyTorchJob.

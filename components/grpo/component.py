@@ -40,11 +40,11 @@ def train_grpo(
         report: Metrics, curves and the resolved config.
         run_id: The pipeline run id (names the job and keys its checkpoints).
         reward_function: `module:function` called as f(prompt, completion, answer) -> float.
-        lr: Peak learning rate.
+        lr: Peak learning rate of AdamW.
         num_episodes: Collect-then-learn rounds.
         num_generations: Responses sampled per prompt (the group size).
-        micro_batch_size: Sequences per rank per forward pass.
-        max_length: Longest prompt in tokens.
+        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        max_length: Longest tokenized sample in tokens; longer samples are truncated.
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
         trainer_image: Image of the PyTorchJob.

@@ -42,11 +42,11 @@ def train_ppo(
         report: Metrics, curves and the resolved config.
         run_id: The pipeline run id (names the job and keys its checkpoints).
         reward_function: `module:function` to score with instead of the reward model.
-        lr: Peak learning rate of the actor.
+        lr: Peak learning rate of AdamW.
         num_episodes: Collect-then-learn rounds.
-        micro_batch_size: Sequences per rank per forward pass.
-        max_length: Longest prompt in tokens.
-        kl_coef: Weight of the per-token KL penalty to the reference.
+        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        max_length: Longest tokenized sample in tokens; longer samples are truncated.
+        kl_coef: Weight of the per-token KL penalty in the reward (initial value if adaptive).
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
         trainer_image: Image of the PyTorchJob.

@@ -39,8 +39,8 @@ def train_sft(
         run_id: The pipeline run id (names the job and keys its checkpoints).
         lr: Peak learning rate of AdamW.
         max_epochs: Passes over the training data.
-        micro_batch_size: Samples per rank per forward pass.
-        max_length: Longest tokenized sample in tokens.
+        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        max_length: Longest tokenized sample in tokens; longer samples are truncated.
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
         trainer_image: Image of the PyTorchJob.
