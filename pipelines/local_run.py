@@ -27,7 +27,9 @@ class _TaskProgress(logging.Filter):
     while it runs, but leaves its filters alone. It lets every record through.
     """
 
-    TASK = re.compile(r"Executing task '?\x1b\[\d+m'?([\w-]+)")
+    COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+    STARTED = re.compile(r"Executing task '([\w-]+)'")
+    FINISHED = re.compile(r"Task '([\w-]+)' finished with status")
 
     def __init__(self, status: Any) -> None:
         super().__init__()
@@ -40,12 +42,13 @@ class _TaskProgress(logging.Filter):
         return True
 
     def _update(self, message: str) -> None:
-        if (match := self.TASK.search(message)) or (match := re.search(r"Executing task '?([\w-]+)", message)):
+        message = self.COLOUR.sub("", message)
+        if match := self.STARTED.search(message):
             finished = ", ".join(self.done) or "-"
             self.status.update(f"[bold]{match.group(1)}[/] running ({time.monotonic() - self.started:.0f} s; "
                                f"done: {finished})")
-        elif "finished with status" in message and (task := re.search(r"Task \S*?'([\w-]+)", message)):
-            self.done.append(task.group(1))
+        elif match := self.FINISHED.search(message):
+            self.done.append(match.group(1))
 
 
 def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:

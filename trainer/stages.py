@@ -37,7 +37,7 @@ from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, 
 from trainer.storage import get_storage, is_remote, join_uri
 from trainer.storage.local import local_path
 from trainer.storage.transfer import cache_root, upload_dir
-from trainer.supervised import StopTraining, SupervisedTrainer
+from trainer.supervised import StopTraining, SupervisedTrainer, total_steps
 from trainer.tracking import NullTracker, Tracker, build_tracker
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,6 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         The final metrics (also written to `final_metrics.json`) and the trained (boosted) model.
     """
     from trainer.optim import build_optimizer, build_scheduler
-    from trainer.supervised import steps_per_epoch
 
     context = build_context(config)
     try:
@@ -232,9 +231,8 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         optimizer = build_optimizer(model, config.optimizer)
         context.booster.register_optimizer(model, optimizer)
         train = config.train
-        total_steps = train.max_steps or train.max_epochs * steps_per_epoch(
-            len(parts.train_examples), context.env.world_size, train.micro_batch_size, train.gradient_accumulation_steps)
-        scheduler = build_scheduler(optimizer, config.optimizer, total_steps)
+        steps = total_steps(train, len(parts.train_examples), context.env.world_size)
+        scheduler = build_scheduler(optimizer, config.optimizer, steps)
         checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last)
         trainer = SupervisedTrainer(
             context.booster, train.max_epochs, model, optimizer, context.plugin, scheduler=scheduler,

@@ -21,7 +21,7 @@ from trainer.algorithms.update import Objective, evaluate, train_step
 from trainer.base import SLTrainer
 from trainer.booster import Booster, Plugin
 from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.config import StageConfig
+from trainer.config import StageConfig, TrainConfig
 from trainer.data.sampler import ResumableSampler
 from trainer.runtime import all_reduce_sum
 from trainer.tracking import Tracker
@@ -31,6 +31,12 @@ logger = logging.getLogger(__name__)
 
 class StopTraining(Exception):
     """Raised inside the loop to end `fit` after a checkpoint (max_steps or a requested stop)."""
+
+
+def total_steps(train: TrainConfig, num_samples: int, world_size: int) -> int:
+    """Optimizer steps of a run: `train.max_steps`, or every epoch's steps."""
+    return train.max_steps or train.max_epochs * steps_per_epoch(
+        num_samples, world_size, train.micro_batch_size, train.gradient_accumulation_steps)
 
 
 def steps_per_epoch(num_samples: int, world_size: int, micro_batch_size: int, accumulation: int) -> int:
@@ -94,9 +100,7 @@ class SupervisedTrainer(SLTrainer):
         if self.eval_examples:
             self.eval_loader = self._loader(self.eval_examples, ResumableSampler(len(self.eval_examples), world, rank,
                                                                                  shuffle=False))
-        self.max_steps = self.config.train.max_steps or self.max_epochs * steps_per_epoch(
-            len(self.train_examples), world, self.config.train.micro_batch_size,
-            self.config.train.gradient_accumulation_steps)
+        self.max_steps = total_steps(self.config.train, len(self.train_examples), world)
         is_tty = sys.stderr.isatty()
         self.progress = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step",
                              disable=not (self.plugin.is_main_process and is_tty), dynamic_ncols=True)

@@ -7,7 +7,6 @@ One process with micro-batch 2b takes the same optimizer steps as two processes 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +17,11 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import stage_dict
+from tests.integration.services import free_port
 from trainer.config import build_config
 from trainer.stages import run_stage
 
 DRIVER = Path(__file__).with_name("torchrun_stage.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_torchrun(stage: str, config: dict, directory: Path, suffix: str = "") -> list[dict[str, torch.Tensor]]:

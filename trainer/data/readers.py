@@ -29,11 +29,12 @@ def iter_rows(uri: str | Path) -> Iterator[tuple[str, object]]:
 
 
 def _iter_local(path: Path) -> Iterator[tuple[str, object]]:
-    if path.is_dir():
+    kind = "directory" if path.is_dir() else _format(path)
+    if kind == "directory":
         yield from _iter_hf_directory(path)
-    elif _format(path) == "jsonl":
+    elif kind == "jsonl":
         yield from _iter_jsonl(path)
-    elif _format(path) == "parquet":
+    elif kind == "parquet":
         yield from _iter_parquet(path)
     else:
         raise DataError(f"{path}: unsupported data format {path.suffix!r}; expected .jsonl, .parquet or a datasets directory")
