@@ -56,7 +56,7 @@ def run_one(spec_path: Path, num_threads: int) -> None:
     import torch
 
     from trainer.config import build_config
-    from trainer.stages import run_stage
+    from trainer.supervised.stages import run_stage
 
     quiet_libraries()
     if num_threads > 0:

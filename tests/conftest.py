@@ -40,10 +40,12 @@ def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval
         "model": {"path": str(model)},
         "data": {"train_path": str(train_file), "eval_path": str(eval_file) if eval_file else None, "max_length": 32},
         "optimizer": {"lr": 2e-3, "warmup_steps": 2},
-        "train": {"max_epochs": 1, "micro_batch_size": 10, "log_interval": 1000},
+        "train": {"micro_batch_size": 10, "log_interval": 1000},
         "checkpoint": {"keep_last": 0},
         "tracking": {"backend": "none"},  # MLflow has its own tests (tests/integration/test_tracking.py)
     }
+    if stage in ("sft", "rm", "dpo"):
+        base["train"]["max_epochs"] = 1  # online stages have no epochs: their length is num_episodes
     return merge(base, updates)
 
 
@@ -54,7 +56,7 @@ def make_config(stage: str, *args, **updates) -> StageConfig:
 @pytest.fixture(scope="session")
 def sft_model(tmp_path_factory, tiny_model, task_files) -> Path:
     """The tiny model after SFT on the addition task (`<output>/model`): the start of the RM and DPO tests."""
-    from trainer.stages import run_stage
+    from trainer.supervised.stages import run_stage
 
     output = tmp_path_factory.mktemp("sft")
     config = make_config("sft", output, tiny_model, task_files["sft_train"], task_files["sft_eval"],
@@ -66,7 +68,7 @@ def sft_model(tmp_path_factory, tiny_model, task_files) -> Path:
 @pytest.fixture(scope="session")
 def rl_start_model(tmp_path_factory, tiny_model, task_files) -> Path:
     """A briefly fine-tuned model that knows the format but not all sums: room for PPO/GRPO to improve."""
-    from trainer.stages import run_stage
+    from trainer.supervised.stages import run_stage
 
     output = tmp_path_factory.mktemp("sft-short")
     config = make_config("sft", output, tiny_model, task_files["sft_train"], None,

@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_online(config, args: argparse.Namespace, argv: list[str]) -> None:
-    from trainer import run_async
-    from trainer.online_stages import run_online_stage
+    from trainer.asynchronous import launch as run_async
+    from trainer.online.stages import run_online_stage
 
     if args.mode == "colocated":
         run_online_stage(config, stop_after_episodes=args.stop_after_steps)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage in ONLINE_STAGES:
             run_online(config, args, sys.argv[1:] if argv is None else argv)
         else:
-            from trainer.stages import run_stage
+            from trainer.supervised.stages import run_stage
 
             run_stage(config, stop_after_steps=args.stop_after_steps)
     except AlignflowError as err:

@@ -27,6 +27,10 @@ from trainer.booster import Booster, Plugin
 from trainer.callbacks import Callback
 
 
+class StopTraining(Exception):
+    """Raised inside a loop to end `fit` after a checkpoint (max_steps or a requested stop)."""
+
+
 class SLTrainer(ABC):
     """Base of the supervised trainers (SFT, reward model, DPO).
 

@@ -38,7 +38,7 @@ LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 
 # (model, optimizer, lr scheduler) of one trained network.
-Component = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
+ModelParts = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
 
 
 @dataclass(slots=True)
@@ -117,7 +117,7 @@ class CheckpointManager:
             raise CheckpointError(f"{pointer} names {directory}, which has no {STATE_FILE}")
         return directory
 
-    def snapshot(self, components: dict[str, Component], state: TrainerState | dict,
+    def snapshot(self, components: dict[str, ModelParts], state: TrainerState | dict,
                  copy: bool = False) -> dict[str, Any]:
         """Gather everything a checkpoint holds onto rank 0's CPU (a collective: every rank calls it).
 
@@ -159,7 +159,7 @@ class CheckpointManager:
         logger.info("saved checkpoint %s", directory)
         return directory
 
-    def save(self, components: dict[str, Component], state: TrainerState | dict, step: int,
+    def save(self, components: dict[str, ModelParts], state: TrainerState | dict, step: int,
              block: bool = True) -> str:
         """Write every component and the loop state as `step-<step>`, then point `latest` at it.
 
@@ -191,7 +191,7 @@ class CheckpointManager:
             self._pending.join()
             self._pending = None
 
-    def load(self, directory: str, components: dict[str, Component]) -> dict[str, Any]:
+    def load(self, directory: str, components: dict[str, ModelParts]) -> dict[str, Any]:
         """Restore every component and this rank's RNG; return the saved loop state as a dict."""
         with tempfile.TemporaryDirectory(prefix="alignflow-resume-") as scratch:
             local = Path(directory) if not is_remote(directory) else Path(scratch)
@@ -199,7 +199,7 @@ class CheckpointManager:
                 download_prefix(directory, local)
             return self._load_local(local, components)
 
-    def _load_local(self, directory: Path, components: dict[str, Component]) -> dict[str, Any]:
+    def _load_local(self, directory: Path, components: dict[str, ModelParts]) -> dict[str, Any]:
         state = json.loads((directory / STATE_FILE).read_text())
         for name, (model, optimizer, scheduler) in components.items():
             booster = self.boosters.get(name, self.booster)

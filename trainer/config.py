@@ -8,7 +8,9 @@ description (`Field(description=...)`), which `python -m trainer <stage> --help-
 Unknown keys, wrong types and missing fields fail at load time with one `ConfigError` that names
 the dotted key and, when the value came from a file, `path:line`.
 
-Storage and tracking sections arrive with their own issue; this module only knows local paths.
+Supervised stages (sft, rm, dpo) and online stages (ppo, grpo) share the sections that mean the
+same thing in both; each has its own `train` (and online its own `checkpoint`) section, so every
+accepted key does something in the stage that accepts it.
 """
 
 from __future__ import annotations
@@ -67,11 +69,8 @@ class OptimizerConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr`.")
 
 
-class TrainConfig(Section):
-    max_epochs: int = Field(1, gt=0, description="Passes over the training data.")
-    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps; null runs all epochs.")
-    micro_batch_size: int = Field(8, gt=0, description="Samples (or pairs) per rank per forward pass.")
-    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+class RunLoopConfig(Section):
+    micro_batch_size: int = Field(8, gt=0, description="Samples (or pairs, or sequences) per rank per forward pass.")
     seed: int = Field(42, description="Seeds model init, data order and sampling; the same seed repeats a run.")
     mixed_precision: Literal["auto", "bf16", "no"] = Field(
         "auto", description="bf16 autocast; `auto` uses it on CUDA devices that support it and fp32 elsewhere."
@@ -79,10 +78,25 @@ class TrainConfig(Section):
     log_interval: int = Field(10, gt=0, description="Log metrics every this many optimizer steps.")
 
 
+class TrainConfig(RunLoopConfig):
+    max_epochs: int = Field(1, gt=0, description="Passes over the training data.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps; null runs all epochs.")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+
+
+class OnlineTrainConfig(RunLoopConfig):
+    """The loop of an online stage: its length is `<stage>.num_episodes`; a minibatch is split into
+    micro-batches of `micro_batch_size` sequences whose gradients add up to one optimizer step."""
+
+
 class CheckpointConfig(Section):
     save_interval: int = Field(0, ge=0, description="Save every this many optimizer steps; 0 saves at epoch ends only.")
     resume: bool = Field(True, description="Resume from the latest complete checkpoint in `output_dir` if there is one.")
     keep_last: int = Field(2, ge=0, description="Checkpoints to keep; older ones are deleted after a newer one is complete. 0 keeps all.")
+
+
+class OnlineCheckpointConfig(CheckpointConfig):
+    save_interval: int = Field(0, ge=0, description="Save every this many episodes; 0 saves at the end only.")
 
 
 class ParallelConfig(Section):
@@ -120,10 +134,14 @@ class StageConfig(Section):
     model: ModelConfig
     data: DataConfig
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and schedule.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Loop sizes, seed and precision.")
+    train: RunLoopConfig = Field(default_factory=RunLoopConfig, description="Loop sizes, seed and precision.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Saving and resuming.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Distribution across processes.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracking (MLflow).")
+
+
+class SupervisedStageConfig(StageConfig):
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Epochs, steps, batch sizes, seed and precision.")
 
 
 class SFTOptions(Section):
@@ -132,7 +150,7 @@ class SFTOptions(Section):
     )
 
 
-class SFTConfig(StageConfig):
+class SFTConfig(SupervisedStageConfig):
     sft: SFTOptions = Field(default_factory=SFTOptions, description="Supervised fine-tuning options.")
 
 
@@ -142,7 +160,7 @@ class RewardOptions(Section):
     )
 
 
-class RewardConfig(StageConfig):
+class RewardConfig(SupervisedStageConfig):
     rm: RewardOptions = Field(default_factory=RewardOptions, description="Reward model options.")
 
 
@@ -171,13 +189,13 @@ class DPOOptions(Section):
         return self
 
 
-class DPOConfig(StageConfig):
+class DPOConfig(SupervisedStageConfig):
     dpo: DPOOptions = Field(default_factory=DPOOptions, description="DPO loss options.")
 
 
 # ---------------------------------------------------------------------------------------------
-# Online stages (PPO, GRPO). `data.train_path` holds prompt rows; `train.micro_batch_size` is the
-# forward chunk; `checkpoint.save_interval` counts episodes; `train.max_epochs/max_steps` are unused.
+# Online stages (PPO, GRPO). `data.train_path` holds prompt rows; `optimizer.max_grad_norm` clips
+# actor and critic alike.
 
 
 class GenerationOptions(Section):
@@ -207,7 +225,6 @@ class OnlineOptions(Section):
     rollout_batch_size: int = Field(16, gt=0, description="Prompts per rank per collect step.")
     num_update_epochs: int = Field(1, gt=0, description="Passes over an episode's experience (PPO epochs).")
     mini_batch_size: int = Field(16, gt=0, description="Sequences per rank per optimizer step.")
-    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping of actor and critic; 0 disables.")
 
 
 class PPOOptions(OnlineOptions):
@@ -260,18 +277,44 @@ class AsyncOptions(Section):
 
 
 class OnlineStageConfig(StageConfig):
+    train: OnlineTrainConfig = Field(default_factory=OnlineTrainConfig, description="Batch size, seed and precision.")
+    checkpoint: OnlineCheckpointConfig = Field(default_factory=OnlineCheckpointConfig,
+                                               description="Saving (per episode) and resuming.")
     generation: GenerationOptions = Field(default_factory=GenerationOptions, description="Sampling of responses.")
     reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
     asynchronous: AsyncOptions = Field(default_factory=AsyncOptions,
                                        description="The experience-driven Trainer and explorer (modes train/explore/both).")
 
 
+    @property
+    def algorithm(self) -> OnlineOptions:
+        """The stage's own section (`ppo` or `grpo`)."""
+        raise NotImplementedError
+
+    @property
+    def num_generations(self) -> int:
+        """Responses sampled per prompt: GRPO's group size, 1 for PPO."""
+        return 1
+
+
 class PPOConfig(OnlineStageConfig):
     ppo: PPOOptions = Field(default_factory=PPOOptions, description="PPO options.")
+
+    @property
+    def algorithm(self) -> PPOOptions:
+        return self.ppo
 
 
 class GRPOConfig(OnlineStageConfig):
     grpo: GRPOOptions = Field(default_factory=GRPOOptions, description="GRPO options.")
+
+    @property
+    def algorithm(self) -> GRPOOptions:
+        return self.grpo
+
+    @property
+    def num_generations(self) -> int:
+        return self.grpo.num_generations
 
 
 STAGE_CONFIGS: dict[str, type[StageConfig]] = {

@@ -31,3 +31,7 @@ class LaunchError(AlignflowError):
 
 class PipelineError(AlignflowError):
     """A pipeline could not be compiled, submitted or run."""
+
+
+class WaitTimeout(AlignflowError):
+    """Something another process should produce (experience, a weight version) did not arrive in time."""

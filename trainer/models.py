@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,14 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
     if (directory / VALUE_HEAD_FILE).is_file():
         model.head.load_state_dict({k.removeprefix("head."): v for k, v in load_file(directory / VALUE_HEAD_FILE).items()})
     return _apply_options(model, config)
+
+
+def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: torch.device, path: str | None = None,
+                key: str = "model.path") -> nn.Module:
+    """A model that is only read (a reference, a reward model): loaded by `loader` (`load_causal_lm` or
+    `load_value_model`) without LoRA or activation checkpointing, with no gradients, in eval mode, on `device`."""
+    plain = config.model_copy(update={"lora": None, "gradient_checkpointing": False})
+    return loader(plain, path, key=key).requires_grad_(False).eval().to(device)
 
 
 def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:

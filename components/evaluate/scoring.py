@@ -15,8 +15,8 @@ def score_model(model_dir: str, prompts_file: str, reward_function: str, reward_
     from trainer.config import GenerationOptions, ModelConfig
     from trainer.data.tokenize import encode_prompt
     from trainer.models import load_tokenizer, load_value_model
-    from trainer.rewards import RewardModelScorer, load_reward_function
-    from trainer.rollout import decode_responses, generate
+    from trainer.online.reward_sources import RewardModelScorer, load_reward_function
+    from trainer.online.rollout import decode_responses, generate
 
     function = load_reward_function(reward_function)
     tokenizer = load_tokenizer(model_dir)

@@ -19,11 +19,12 @@ import pytest
 import yaml
 
 from tests.conftest import stage_dict
-from trainer.buffer import BufferTimeout, QueueBuffer
+from trainer.asynchronous.buffer import QueueBuffer
+from trainer.asynchronous.engine import Trainer
+from trainer.asynchronous.explorer import Explorer
+from trainer.asynchronous.weights import latest_version
 from trainer.config import build_config
-from trainer.engine import Trainer
-from trainer.explorer import Explorer
-from trainer.weights import latest_version
+from trainer.errors import WaitTimeout
 
 REPO = Path(__file__).parents[2]
 
@@ -95,14 +96,14 @@ def test_stalled_producer_ends_in_a_timeout_error(tmp_path, rl_start_model, task
             await trainer.shutdown()
 
     started = time.monotonic()
-    with pytest.raises(BufferTimeout, match="no experience for 2 s"):
+    with pytest.raises(WaitTimeout, match="no experience for 2 s"):
         asyncio.run(train_without_explorer())
     assert time.monotonic() - started < 60
 
 
 def test_explorer_without_trainer_ends_in_a_timeout_error(tmp_path, rl_start_model, task_files):
     config = build_config("grpo", async_config(tmp_path, rl_start_model, task_files["prompts"], wait_timeout=1))
-    with pytest.raises(BufferTimeout, match="not published"):
+    with pytest.raises(WaitTimeout, match="not published"):
         Explorer(config).run()
 
 

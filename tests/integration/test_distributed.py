@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tests.conftest import stage_dict
 from tests.integration.services import free_port
 from trainer.config import build_config
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 DRIVER = Path(__file__).with_name("torchrun_stage.py")
 

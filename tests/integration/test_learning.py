@@ -16,7 +16,7 @@ from trainer.algorithms.common import sequence_logps
 from trainer.data.collate import pad_preference
 from trainer.data.dataset import load_preference_dataset
 from trainer.models import load_tokenizer
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 
 def read_metrics(directory) -> list[dict]:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.conftest import make_config
-from trainer.online_stages import run_online_stage
+from trainer.online.stages import run_online_stage
 
 OPTIONS = {
     "ppo": {"num_episodes": 25, "rollout_batch_size": 256, "mini_batch_size": 64, "kl_coef": 0.02,

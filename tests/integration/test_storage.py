@@ -12,10 +12,10 @@ from tests.conftest import make_config
 from trainer.booster import Booster, SinglePlugin
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.runtime import DistributedEnv
-from trainer.stages import run_stage
 from trainer.storage import get_storage
 from trainer.storage.s3 import MB, S3Storage
 from trainer.storage.transfer import cached_copy, upload_dir
+from trainer.supervised.stages import run_stage
 
 
 @pytest.fixture(autouse=True)
@@ -147,9 +147,9 @@ def test_missing_s3_object_is_a_clear_error(bucket):
 
 
 def test_experience_buffer_and_weight_versions_work_on_s3(bucket):
-    from trainer.buffer import FileBuffer
-    from trainer.experience import Experience
-    from trainer.weights import latest_version, load_version, publish_weights
+    from trainer.asynchronous.buffer import FileBuffer
+    from trainer.asynchronous.weights import latest_version, load_version, publish_weights
+    from trainer.online.experience import Experience
 
     writer, reader = FileBuffer(f"s3://{bucket}/buffer"), FileBuffer(f"s3://{bucket}/buffer", poll_interval=0.05)
     ids = torch.tensor([[5, 6, 7]])

@@ -14,7 +14,7 @@ import yaml
 from tests.conftest import stage_dict
 from tests.integration.services import start_mlflow, stop
 from trainer.config import build_config
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 REPO = Path(__file__).parents[2]
 

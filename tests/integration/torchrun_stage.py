@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer.config import load_config
-from trainer.online_stages import run_online_stage
+from trainer.online.stages import run_online_stage
 from trainer.runtime import read_distributed_env, setup_logging
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 
 def main() -> None:

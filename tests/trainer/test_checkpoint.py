@@ -12,7 +12,7 @@ from tests.conftest import make_config
 from trainer.booster import Booster, SinglePlugin
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.runtime import DistributedEnv
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 
 def exported_weights(directory) -> dict[str, torch.Tensor]:

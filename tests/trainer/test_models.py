@@ -23,7 +23,7 @@ from trainer.models import (
     load_tokenizer,
     load_value_model,
 )
-from trainer.stages import run_stage
+from trainer.supervised.stages import run_stage
 
 # A few in-vocabulary ids (the tiny vocabulary has 101 tokens): two rows of five.
 TOKEN_IDS = torch.tensor([[10, 25, 40, 60, 7], [3, 99, 50, 12, 12]])  # (2, 5)

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trainer.config import OnlineStageConfig
 from trainer.errors import ConfigError
+from trainer.models import load_frozen, load_value_model
 
 RewardFunction = Callable[[str, str, Any], float]
 
@@ -60,3 +62,11 @@ def _last_action_values(values: Tensor, action_mask: Tensor) -> Tensor:
     positions = torch.arange(action_mask.shape[1], device=action_mask.device)
     last = (action_mask * positions).argmax(dim=1)
     return values.gather(1, last.unsqueeze(1)).squeeze(1).float()
+
+
+def build_scorer(config: OnlineStageConfig, device: torch.device) -> Any:
+    """The configured reward source: a function by name, or a frozen reward model on `device`."""
+    if config.reward.function is not None:
+        return FunctionScorer(load_reward_function(config.reward.function))
+    reward_model = load_frozen(load_value_model, config.model, device, config.reward.model_path, key="reward.model_path")
+    return RewardModelScorer(reward_model)

@@ -1,9 +1,9 @@
 """The experience-driven training API of Trinity-RFT: `TrainEngineWrapper` and `Trainer`.
 
 A `Trainer` consumes batches of experience from a buffer that an explorer (another process, see
-`trainer.explorer`) fills, trains on each through a `TrainEngineWrapper`, publishes new weight
+`trainer.asynchronous.explorer`) fills, trains on each through a `TrainEngineWrapper`, publishes new weight
 versions for the explorer every `sync_interval` steps, and saves checkpoints. The native engine,
-`TorchTrainEngine`, reuses the colocated PPO/GRPO trainer (`trainer.online`): the same annotation
+`TorchTrainEngine`, reuses the colocated PPO/GRPO trainer (`trainer.online.loop`): the same annotation
 and the same `train_step`, so no loss exists twice.
 
 The asynchronous path runs the trainer as one process (the explorer is separate); data-parallel
@@ -18,22 +18,13 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-from trainer.buffer import BufferTimeout, ExperienceBuffer, FileBuffer
+from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
+from trainer.asynchronous.weights import publish_weights, weights_dir
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
-from trainer.errors import ConfigError
-from trainer.experience import Experience, concat_experiences
-from trainer.storage import join_uri
-from trainer.weights import publish_weights
+from trainer.errors import ConfigError, WaitTimeout
+from trainer.online.experience import Experience, concat_experiences
 
 logger = logging.getLogger(__name__)
-
-
-def buffer_dir(config: OnlineStageConfig) -> str:
-    return config.asynchronous.buffer_dir or join_uri(config.output_dir, "buffer")
-
-
-def weights_dir(config: OnlineStageConfig) -> str:
-    return config.asynchronous.weights_dir or join_uri(config.output_dir, "weights")
 
 
 class TrainEngineWrapper(ABC):
@@ -74,12 +65,12 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def __init__(self, config: OnlineStageConfig) -> None:
         self.config = config
-        self.options = config.ppo if isinstance(config, PPOConfig) else config.grpo
+        self.options = config.algorithm
         self._step = 0
 
     def prepare(self) -> None:
-        from trainer.online_stages import build_online_trainer
-        from trainer.stages import build_context
+        from trainer.context import build_context
+        from trainer.online.stages import build_online_trainer
 
         self.context = build_context(self.config)
         if self.context.env.is_distributed:
@@ -114,9 +105,12 @@ class TorchTrainEngine(TrainEngineWrapper):
         # Non-blocking: tensors are copied, then written (uploaded) by a background thread.
         self.trainer.checkpoints.save(self.trainer.components(), state, self._step, block=block_until_saved)
         if save_as_hf:
-            from trainer.online_stages import export_outputs
+            from trainer.context import finish_stage
 
-            export_outputs(self.context, self.trainer, {"train_step": self._step, **self.trainer.last_metrics})
+            trainer = self.trainer
+            exports = {"model": trainer.actor} | ({"critic": trainer.critic} if trainer.critic is not None else {})
+            finish_stage(self.context, exports, {"train_step": self._step, **trainer.last_metrics}, self._step,
+                         samples=trainer.samples)
 
     def wait_for_save(self) -> None:
         self.trainer.checkpoints.wait()
@@ -195,11 +189,11 @@ class Trainer:
         while True:
             try:
                 return await asyncio.to_thread(self.buffer.get, min(1.0, self.options.wait_timeout))
-            except BufferTimeout:
+            except WaitTimeout:
                 if self.need_sync():
                     await self.sync_weight()
                 if time.monotonic() > deadline:
-                    raise BufferTimeout(f"{getattr(self.buffer, 'directory', 'buffer')}: no experience for {self.options.wait_timeout:g} s "
+                    raise WaitTimeout(f"{getattr(self.buffer, 'directory', 'buffer')}: no experience for {self.options.wait_timeout:g} s "
                                         f"at trainer step {self.train_step_num}; is the explorer running?") from None
 
     async def train(self) -> str:

@@ -12,8 +12,8 @@ import logging
 import subprocess
 import sys
 
+from trainer.asynchronous.engine import Trainer
 from trainer.config import OnlineStageConfig
-from trainer.engine import Trainer
 from trainer.errors import LaunchError
 
 logger = logging.getLogger(__name__)
@@ -33,15 +33,14 @@ def run_trainer(config: OnlineStageConfig) -> str:
 
 
 def run_explorer(config: OnlineStageConfig, num_batches: int | None = None) -> int:
-    from trainer.explorer import Explorer
+    from trainer.asynchronous.explorer import Explorer
 
     return Explorer(config).run(num_batches)
 
 
 def run_both(config: OnlineStageConfig, explorer_command: list[str]) -> str:
     """Start the explorer process, train here, then wait for the explorer and check it succeeded."""
-    from trainer.buffer import FileBuffer
-    from trainer.engine import buffer_dir
+    from trainer.asynchronous.buffer import FileBuffer, buffer_dir
 
     FileBuffer(buffer_dir(config)).reset()
     explorer = subprocess.Popen(explorer_command)

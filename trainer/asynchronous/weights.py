@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.buffer import BufferTimeout
+from trainer.config import OnlineStageConfig
+from trainer.errors import WaitTimeout
 from trainer.storage import get_storage, join_uri
 
 LATEST = "LATEST"
@@ -49,11 +50,11 @@ def latest_version(directory: str | Path) -> int:
 
 
 def wait_for_version(directory: str | Path, minimum: int, timeout: float, poll_interval: float = 0.05) -> int:
-    """Block until a version >= `minimum` is published; BufferTimeout after `timeout` seconds."""
+    """Block until a version >= `minimum` is published; WaitTimeout after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while (version := latest_version(directory)) < minimum:
         if time.monotonic() > deadline:
-            raise BufferTimeout(f"{directory}: weight version {minimum} not published after {timeout:g} s "
+            raise WaitTimeout(f"{directory}: weight version {minimum} not published after {timeout:g} s "
                                 f"(newest is {version}); is the trainer running?")
         time.sleep(poll_interval)
     return version
@@ -63,6 +64,11 @@ def load_version(directory: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
     """The newest published version and its state dict."""
     entry = _read_latest(directory)
     if entry is None:
-        raise BufferTimeout(f"{directory}: no weight version published")
+        raise WaitTimeout(f"{directory}: no weight version published")
     payload = get_storage(directory).read_bytes(join_uri(directory, entry["file"]))
     return entry["version"], torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+
+
+def weights_dir(config: OnlineStageConfig) -> str:
+    """Where the explorer and trainer of a run meet: `asynchronous.weights_dir`, else `<output_dir>/weights`."""
+    return config.asynchronous.weights_dir or join_uri(config.output_dir, "weights")

@@ -18,19 +18,15 @@ from torch import nn
 from tqdm import tqdm
 
 from trainer.algorithms.update import Objective, evaluate, train_step
-from trainer.base import SLTrainer
+from trainer.base import SLTrainer, StopTraining
 from trainer.booster import Booster, Plugin
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import StageConfig, TrainConfig
 from trainer.data.sampler import ResumableSampler
 from trainer.runtime import all_reduce_sum
-from trainer.tracking import Tracker
+from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
-
-
-class StopTraining(Exception):
-    """Raised inside the loop to end `fit` after a checkpoint (max_steps or a requested stop)."""
 
 
 def total_steps(train: TrainConfig, num_samples: int, world_size: int) -> int:

@@ -6,6 +6,7 @@ and including its first stop token; anything generated after it becomes padding 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 
 from trainer.booster import unwrap_model
 from trainer.config import GenerationOptions
+from trainer.data.tokenize import encode_prompt
 
 
 def stop_token_ids(tokenizer: Any, options: GenerationOptions) -> list[int]:
@@ -78,3 +80,32 @@ def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
     for ids, mask in zip(batch["input_ids"], batch["action_mask"]):
         texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
     return texts
+
+
+@dataclass(slots=True)
+class ScoredRollout:
+    """Sequences generated for prompt rows, their decoded responses and their scores."""
+
+    batch: dict[str, Tensor]  # input_ids, attention_mask, action_mask, position_ids: (B, P + R)
+    prompts: list[str]
+    responses: list[str]
+    scores: Tensor  # (B,)
+
+    def samples(self, count: int) -> list[dict]:
+        """The first `count` (prompt, response, score) triples, for reports."""
+        return [{"prompt": p, "response": r, "score": float(s)}
+                for p, r, s in zip(self.prompts[:count], self.responses, self.scores.tolist())]
+
+
+@torch.no_grad()
+def generate_and_score(model: nn.Module, tokenizer: Any, rows: list[dict], options: GenerationOptions,
+                       device: torch.device, scorer: Any) -> ScoredRollout:
+    """Generate one response per row (`prompt`, optional `answer`), decode it and score it.
+
+    Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this.
+    """
+    batch = generate(model, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows], options, device)
+    prompts = [str(row["prompt"]) for row in rows]
+    responses = decode_responses(tokenizer, batch)
+    scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])
+    return ScoredRollout(batch, prompts, responses, scores)

@@ -27,54 +27,18 @@ from trainer.algorithms.ppo import (
     whiten,
 )
 from trainer.algorithms.update import train_step
-from trainer.base import OLTrainer
+from trainer.base import OLTrainer, StopTraining
 from trainer.booster import Booster
-from trainer.buffer import ReplayBuffer
-from trainer.checkpoint import CheckpointManager, Component
-from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig
-from trainer.data.sampler import ResumableSampler
-from trainer.data.tokenize import encode_prompt
-from trainer.experience import Experience, concat_experiences
-from trainer.rollout import decode_responses, generate
+from trainer.checkpoint import CheckpointManager, ModelParts
+from trainer.config import GRPOConfig, OnlineStageConfig
+from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
+from trainer.online.prompts import PromptStream
+from trainer.online.rollout import generate_and_score
 from trainer.runtime import all_reduce_sum
-from trainer.supervised import StopTraining
-from trainer.tracking import Tracker
+from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
 SAMPLES_KEPT = 5
-
-
-class PromptStream:
-    """Endless, resumable stream of this rank's prompt rows, re-shuffled every pass."""
-
-    def __init__(self, rows: list[dict], world_size: int, rank: int, seed: int) -> None:
-        self.rows = rows
-        self.world_size = world_size
-        self.sampler = ResumableSampler(len(rows), world_size, rank, shuffle=True, seed=seed)
-        self.epoch = 0
-        self.consumed = 0  # this rank's rows taken in the current pass
-        self._iterator = None
-
-    def restore(self, epoch: int, consumed_global: int) -> None:
-        self.epoch, self.consumed, self._iterator = epoch, consumed_global // self.world_size, None
-
-    def position(self) -> dict[str, int]:
-        return {"prompt_epoch": self.epoch, "prompt_samples": self.consumed * self.world_size}
-
-    def take(self, count: int) -> list[dict]:
-        rows = []
-        while len(rows) < count:
-            if self._iterator is None:
-                self.sampler.set_epoch(self.epoch)
-                self.sampler.skip(self.consumed)
-                self._iterator = iter(self.sampler)
-            index = next(self._iterator, None)
-            if index is None:
-                self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
-                continue
-            rows.append(self.rows[index])
-            self.consumed += 1
-        return rows
 
 
 class PPOTrainer(OLTrainer):
@@ -86,7 +50,7 @@ class PPOTrainer(OLTrainer):
         actor: (model, optimizer, scheduler) of the policy.
         critic: (model, optimizer, scheduler) of the value model; None for GRPO.
         ref_model: Frozen reference policy.
-        scorer: Scores rollouts (reward model or function), see `trainer.rewards`.
+        scorer: Scores rollouts (reward model or function), see `trainer.online.reward_sources`.
         tokenizer: Encodes prompts and decodes responses.
         config: The stage config.
         prompts: Prompt rows (`prompt`, optional `answer`).
@@ -98,7 +62,7 @@ class PPOTrainer(OLTrainer):
 
     def __init__(self, actor_booster: Booster, critic_booster: Booster | None, data_buffer: ReplayBuffer,
                  sample_buffer: bool = False, dataloader_pin_memory: bool = False, callbacks: list | None = None, *,
-                 actor: Component, critic: Component | None, ref_model: nn.Module, scorer: Any, tokenizer: Any,
+                 actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module, scorer: Any, tokenizer: Any,
                  config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager, tracker: Tracker,
                  ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None) -> None:
         super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
@@ -108,7 +72,7 @@ class PPOTrainer(OLTrainer):
         self.scorer = scorer
         self.tokenizer = tokenizer
         self.config = config
-        self.options = config.ppo if isinstance(config, PPOConfig) else config.grpo
+        self.options = config.algorithm
         self.save_interval = config.checkpoint.save_interval
         self.checkpoints = checkpoints
         self.tracker = tracker
@@ -128,21 +92,12 @@ class PPOTrainer(OLTrainer):
 
     # -- collect ------------------------------------------------------------------------------------
 
-    def _responses_per_prompt(self) -> int:
-        return 1
-
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Generate responses for `rows` (repeated per prompt as the algorithm needs) and score them."""
-        repeat = self._responses_per_prompt()
-        rows = [row for row in rows for _ in range(repeat)]
-        batch = generate(self.actor, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in rows],
-                         self.config.generation, self.device)
-        prompts = [r["prompt"] if isinstance(r["prompt"], str) else str(r["prompt"]) for r in rows]
-        responses = decode_responses(self.tokenizer, batch)
-        scores = self.scorer(batch, prompts, responses, [r.get("answer") for r in rows])
-        self.samples = [{"prompt": p, "response": r, "score": float(s)}
-                        for p, r, s in zip(prompts[:SAMPLES_KEPT], responses, scores.tolist())]
-        return batch, scores
+        """Generate responses for `rows` (`num_generations` per prompt) and score them."""
+        rows = [row for row in rows for _ in range(self.config.num_generations)]
+        rollout = generate_and_score(self.actor, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        self.samples = rollout.samples(SAMPLES_KEPT)
+        return rollout.batch, rollout.scores
 
     @torch.no_grad()
     def _make_experience(self, collect_step: int) -> Experience:
@@ -194,10 +149,11 @@ class PPOTrainer(OLTrainer):
             for batch in micro_batches:
                 batch.update(ptx_input_ids=ptx["input_ids"].to(self.device), ptx_labels=ptx["labels"].to(self.device))
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, micro_batches,
-                             self.actor_objective(), self.options.max_grad_norm)
+                             self.actor_objective(), self.config.optimizer.max_grad_norm)
         if self.critic is not None:
             critic_metrics = train_step(self.critic_booster, self.critic, self.critic_optimizer, self.critic_scheduler,
-                                        micro_batches, self.critic_objective(), self.options.max_grad_norm)
+                                        micro_batches, self.critic_objective(),
+                                        self.config.optimizer.max_grad_norm)
             metrics.update({k if k.startswith("value") else f"critic/{k}": v for k, v in critic_metrics.items()})
         return metrics
 
@@ -224,7 +180,7 @@ class PPOTrainer(OLTrainer):
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def components(self) -> dict[str, Component]:
+    def components(self) -> dict[str, ModelParts]:
         parts = {"actor": (self.actor, self.actor_optimizer, self.actor_scheduler)}
         if self.critic is not None:
             parts["critic"] = (self.critic, self.critic_optimizer, self.critic_scheduler)
@@ -258,10 +214,7 @@ class PPOTrainer(OLTrainer):
         total = torch.zeros(2, device=self.device)
         for start in range(0, len(mine), 64):
             chunk = mine[start:start + 64]
-            batch = generate(self.actor, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in chunk],
-                             greedy, self.device)
-            scores = self.scorer(batch, [str(r["prompt"]) for r in chunk], decode_responses(self.tokenizer, batch),
-                                 [r.get("answer") for r in chunk])
+            scores = generate_and_score(self.actor, self.tokenizer, chunk, greedy, self.device, self.scorer).scores
             total += torch.stack([scores.sum(), torch.tensor(float(len(chunk)), device=self.device)])
         score, count = all_reduce_sum(total).tolist()
         return score / max(count, 1)
@@ -272,9 +225,6 @@ class GRPOTrainer(PPOTrainer):
 
     def _make_kl_controller(self) -> AdaptiveKLController:
         return AdaptiveKLController(0.0, None, 1)  # GRPO's KL is in the loss (beta), not the reward
-
-    def _responses_per_prompt(self) -> int:
-        return self.config.grpo.num_generations
 
     @torch.no_grad()
     def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:

@@ -2,7 +2,7 @@
 
 Rank 0 gets a real tracker and other ranks a `NullTracker`, so the loop never asks its rank.
 `JsonlTracker` writes the run's metrics file (one JSON object per logged step), which the KFP
-component publishes; `trainer.mlflow_tracker.MlflowTracker` sends the same to MLflow.
+component publishes; `trainer.tracking.mlflow_tracker.MlflowTracker` sends the same to MLflow.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
         return NullTracker()
     trackers: list[Tracker] = [JsonlTracker(directory)]
     if config is not None and config.backend == "mlflow":
-        from trainer.mlflow_tracker import MlflowTracker
         from trainer.runtime import read_tracking_env
+        from trainer.tracking.mlflow_tracker import MlflowTracker
 
         try:
             tracker = MlflowTracker(config, read_tracking_env(), run_name)

@@ -1,32 +1,28 @@
 """Building and running an online stage (ppo, grpo) with the colocated `OLTrainer` loop.
 
-Shares the setup of the supervised stages (`stages.build_context`, `open_outputs`) and adds what
+Shares the setup of the supervised stages (`trainer.context`) and adds what
 online RL needs: prompts, a frozen reference, a critic (PPO), a reward source, two boosters.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-import torch
 from torch import nn
 
-from trainer.booster import Booster, unwrap_model
-from trainer.buffer import ReplayBuffer
-from trainer.checkpoint import CheckpointManager, Component
+from trainer.base import StopTraining
+from trainer.booster import Booster
+from trainer.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
+from trainer.context import RunContext, build_context, finish_stage, open_outputs, resume_latest, seed_everything
 from trainer.data.collate import pad_sft
 from trainer.data.dataset import load_rows, load_sft_dataset
-from trainer.models import export_model, load_causal_lm, load_value_model
-from trainer.online import PPOTrainer, trainer_class
+from trainer.models import load_causal_lm, load_frozen, load_value_model
+from trainer.online.experience import ReplayBuffer
+from trainer.online.loop import PPOTrainer, trainer_class
+from trainer.online.reward_sources import build_scorer
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.rewards import FunctionScorer, RewardModelScorer, load_reward_function
-from trainer.stages import RunContext, build_context, open_outputs, publish_outputs, seed_everything
-from trainer.storage import join_uri
-from trainer.supervised import StopTraining
 
 logger = logging.getLogger(__name__)
 
@@ -38,28 +34,14 @@ class OnlineResult:
     critic: nn.Module | None
 
 
-def build_scorer(config: OnlineStageConfig, device: torch.device) -> Any:
-    """The configured reward source: a function by import path, or a frozen reward model on `device`."""
-    if config.reward.function is not None:
-        return FunctionScorer(load_reward_function(config.reward.function))
-    reward_model = load_value_model(config.model.model_copy(update={"lora": None, "gradient_checkpointing": False}),
-                                    config.reward.model_path, key="reward.model_path")
-    return RewardModelScorer(reward_model.requires_grad_(False).eval().to(device))
-
-
-def frozen_reference(config: OnlineStageConfig, context: RunContext) -> nn.Module:
-    plain = config.model.model_copy(update={"lora": None, "gradient_checkpointing": False})
-    return load_causal_lm(plain).requires_grad_(False).eval().to(context.plugin.device)
-
-
 def total_optimizer_steps(config: OnlineStageConfig, world_size: int) -> int:
-    options = config.ppo if isinstance(config, PPOConfig) else config.grpo
-    per_rank = options.rollout_batch_size * options.num_collect_steps * getattr(options, "num_generations", 1)
+    options = config.algorithm
+    per_rank = options.rollout_batch_size * options.num_collect_steps * config.num_generations
     minibatches = -(-per_rank // options.mini_batch_size)
     return options.num_episodes * options.num_update_epochs * minibatches
 
 
-def boost_component(booster: Booster, model: nn.Module, optimizer_config: OptimizerConfig, total_steps: int) -> Component:
+def boost_model_parts(booster: Booster, model: nn.Module, optimizer_config: OptimizerConfig, total_steps: int) -> ModelParts:
     model, *_ = booster.boost(model)
     optimizer = build_optimizer(model, optimizer_config)
     booster.register_optimizer(model, optimizer)
@@ -72,7 +54,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     prompts = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
     ptx_batches = _ptx_batches(config, context)
     scorer = build_scorer(config, context.plugin.device)
-    reference = frozen_reference(config, context)
+    reference = load_frozen(load_causal_lm, config.model, context.plugin.device)
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model)
     critic_model = None
@@ -83,12 +65,12 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     open_outputs(context)
     seed_everything(config.train.seed + context.env.rank)  # ranks sample different responses
     total = total_optimizer_steps(config, context.env.world_size)
-    actor = boost_component(context.booster, actor_model, config.optimizer, total)
+    actor = boost_model_parts(context.booster, actor_model, config.optimizer, total)
     critic_booster = Booster(context.plugin, config.train.mixed_precision) if critic_model is not None else None
     critic = None
     if critic_model is not None:
         critic_optimizer_config = config.optimizer.model_copy(update={"lr": config.ppo.critic_lr})
-        critic = boost_component(critic_booster, critic_model, critic_optimizer_config, total)
+        critic = boost_model_parts(critic_booster, critic_model, critic_optimizer_config, total)
     checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last,
                                     boosters={"critic": critic_booster} if critic_booster else None)
     return trainer_class(config)(
@@ -119,11 +101,9 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         eval_rows = None
         if config.data.eval_path:
             eval_rows = load_rows(config.data.eval_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
-        latest = trainer.checkpoints.latest() if config.checkpoint.resume else None
         metrics: dict[str, float] = {}
-        if latest is not None:
-            trainer.restore(trainer.checkpoints.load(latest, trainer.components()))
-        elif eval_rows:
+        resumed = resume_latest(context, trainer.checkpoints, trainer.components(), trainer.restore)
+        if not resumed and eval_rows:
             metrics["eval/reward_before"] = trainer.evaluate(eval_rows)
         options = trainer.options
         try:
@@ -134,24 +114,9 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         if eval_rows:
             metrics["eval/reward"] = trainer.evaluate(eval_rows)
         metrics.update(trainer.last_metrics, global_step=trainer.global_step, episodes=trainer.num_episodes_done)
-        export_outputs(context, trainer, metrics)
+        exports = {"model": trainer.actor} | ({"critic": trainer.critic} if trainer.critic is not None else {})
+        finish_stage(context, exports, metrics, trainer.global_step, samples=trainer.samples)
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
         context.tracker.close()
 
-
-def export_outputs(context: RunContext, trainer: PPOTrainer, metrics: dict[str, float]) -> None:
-    """Export the actor (and critic) as HF models, write final_metrics.json and samples, publish them."""
-    exports = {"model": trainer.actor} | ({"critic": trainer.critic} if trainer.critic is not None else {})
-    states = {name: context.booster.full_state_dict(model) for name, model in exports.items()}  # collectives
-    context.tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval/")}, trainer.global_step)
-    if context.env.is_main_process:
-        lora = context.config.model.lora
-        for name, model in exports.items():
-            scale = lora.alpha / lora.r if lora and name == "model" else None
-            export_model(unwrap_model(model), states[name], context.tokenizer, context.output_dir / name, lora_scale=scale)
-        (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-        (context.output_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in trainer.samples))
-        logger.info("model written to %s", join_uri(context.output_uri, "model"))
-        context.tracker.log_model(context.output_dir / "model")
-    publish_outputs(context, tuple(exports))

@@ -1,12 +1,11 @@
 """Experience buffers.
 
-- `ReplayBuffer`: the `data_buffer` of `OLTrainer`: an episode's experiences, cleared after it.
 - `QueueBuffer`: an in-process FIFO between an explorer thread and the `Trainer`.
 - `FileBuffer`: a directory (local or `s3://`) of batches that another process fills. Each batch
   is one whole object (a rename locally, one PUT on S3), so a reader never sees a partial one;
   a `CLOSED` marker says the producer is done.
 
-`get` waits at most `timeout` seconds and raises `BufferTimeout` rather than hanging; it returns
+`get` waits at most `timeout` seconds and raises `WaitTimeout` rather than hanging; it returns
 None once the buffer is closed and drained.
 """
 
@@ -20,15 +19,12 @@ from typing import Protocol
 
 import torch
 
-from trainer.errors import AlignflowError
-from trainer.experience import Experience
+from trainer.config import OnlineStageConfig
+from trainer.errors import WaitTimeout
+from trainer.online.experience import Experience
 from trainer.storage import get_storage, is_remote, join_uri
 
 CLOSED_MARKER = "CLOSED"
-
-
-class BufferTimeout(AlignflowError):
-    """No experience arrived within the wait timeout."""
 
 
 class ExperienceBuffer(Protocol):
@@ -37,22 +33,6 @@ class ExperienceBuffer(Protocol):
     def get(self, timeout: float) -> Experience | None: ...
 
     def close(self) -> None: ...
-
-
-class ReplayBuffer:
-    """A list of experiences with the operations OLTrainer needs."""
-
-    def __init__(self) -> None:
-        self.items: list[Experience] = []
-
-    def append(self, experience: Experience) -> None:
-        self.items.append(experience)
-
-    def clear(self) -> None:
-        self.items.clear()
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 class QueueBuffer:
@@ -71,7 +51,7 @@ class QueueBuffer:
         try:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
-            raise BufferTimeout(f"no experience in the in-process buffer for {timeout:g} s") from None
+            raise WaitTimeout(f"no experience in the in-process buffer for {timeout:g} s") from None
         if item is None:
             self._queue.put(None)  # stay closed for later readers
         return item
@@ -138,6 +118,11 @@ class FileBuffer:
             if was_closed:
                 return None
             if time.monotonic() > deadline:
-                raise BufferTimeout(f"{self.directory}: no batch {uri.rsplit('/', 1)[-1]} after {timeout:g} s "
+                raise WaitTimeout(f"{self.directory}: no batch {uri.rsplit('/', 1)[-1]} after {timeout:g} s "
                                     "(is the explorer running?)")
             time.sleep(self.poll_interval)
+
+
+def buffer_dir(config: OnlineStageConfig) -> str:
+    """Where the explorer and trainer of a run meet: `asynchronous.buffer_dir`, else `<output_dir>/buffer`."""
+    return config.asynchronous.buffer_dir or join_uri(config.output_dir, "buffer")

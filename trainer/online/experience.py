@@ -69,3 +69,19 @@ def concat_experiences(experiences: list[Experience], pad_token_id: int) -> Expe
         merged[name] = torch.cat([_pad_right(p, width, value) for p in parts])
     merged["scores"] = torch.cat([e.scores for e in experiences])
     return Experience(**merged, version=min(e.version for e in experiences))
+
+
+class ReplayBuffer:
+    """A list of experiences with the operations OLTrainer needs."""
+
+    def __init__(self) -> None:
+        self.items: list[Experience] = []
+
+    def append(self, experience: Experience) -> None:
+        self.items.append(experience)
+
+    def clear(self) -> None:
+        self.items.clear()
+
+    def __len__(self) -> int:
+        return len(self.items)

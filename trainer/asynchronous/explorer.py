@@ -13,19 +13,17 @@ import logging
 
 import torch
 
-from trainer.buffer import ExperienceBuffer, FileBuffer
-from trainer.config import GRPOConfig, OnlineStageConfig
+from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
+from trainer.asynchronous.weights import load_version, wait_for_version, weights_dir
+from trainer.config import OnlineStageConfig
+from trainer.context import seed_everything
 from trainer.data.dataset import load_rows
-from trainer.data.tokenize import encode_prompt
-from trainer.engine import buffer_dir, weights_dir
-from trainer.experience import Experience
-from trainer.models import load_causal_lm, load_tokenizer
-from trainer.online import PromptStream
-from trainer.online_stages import build_scorer
-from trainer.rollout import decode_responses, generate
+from trainer.models import load_causal_lm, load_frozen, load_tokenizer
+from trainer.online.experience import Experience
+from trainer.online.prompts import PromptStream
+from trainer.online.reward_sources import build_scorer
+from trainer.online.rollout import generate_and_score
 from trainer.runtime import pick_device, read_distributed_env
-from trainer.stages import seed_everything
-from trainer.weights import load_version, wait_for_version
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +46,14 @@ class Explorer:
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
         self.tokenizer = load_tokenizer(config.model.path)
-        self.policy = load_causal_lm(config.model.model_copy(update={"lora": None, "gradient_checkpointing": False}))
-        self.policy.requires_grad_(False).eval().to(self.device)
+        self.policy = load_frozen(load_causal_lm, config.model, self.device)
         self.version = -1
         self.scorer = build_scorer(config, self.device)
         rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
         self.prompts = PromptStream(rows, 1, 0, config.train.seed)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
-        options = config.grpo if isinstance(config, GRPOConfig) else config.ppo
-        self.batch_size = options.rollout_batch_size
-        self.repeat = config.grpo.num_generations if isinstance(config, GRPOConfig) else 1
+        self.batch_size = config.algorithm.rollout_batch_size
+        self.repeat = config.num_generations
 
     def refresh_weights(self, minimum: int) -> None:
         """Wait for version >= minimum; load the newest if it is newer than the one in use."""
@@ -70,11 +66,9 @@ class Explorer:
     @torch.no_grad()
     def make_batch(self) -> Experience:
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
-        batch = generate(self.policy, self.tokenizer, [encode_prompt(self.tokenizer, r["prompt"]) for r in rows],
-                         self.config.generation, self.device)
-        scores = self.scorer(batch, [str(r["prompt"]) for r in rows], decode_responses(self.tokenizer, batch),
-                             [r.get("answer") for r in rows])
-        return Experience(**{k: v.cpu() for k, v in batch.items()}, scores=scores.cpu(), version=self.version)
+        rollout = generate_and_score(self.policy, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
+                          version=self.version)
 
     def run(self, num_batches: int | None = None) -> int:
         """Produce batches, then close the buffer. Returns the number of batches written."""

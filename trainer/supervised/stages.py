@@ -1,23 +1,18 @@
 """Building and running a supervised stage (sft, rm, dpo) from its config.
 
-`build_context` does the setup every stage shares (process group, plugin, booster, tokenizer,
-tracker, checkpoints); each `_prepare_<stage>` only picks its model, data, collate function and
+`trainer.context` does the setup every stage shares (process group, plugin, booster, tokenizer,
+tracker, resume, export); each `_prepare_<stage>` only picks its model, data, collate function and
 objective; `run_stage` wires them into a `SupervisedTrainer`, resumes, trains and exports.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -26,67 +21,17 @@ from trainer.algorithms.dpo import DPOObjective
 from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
-from trainer.booster import Booster, Plugin, make_plugin, unwrap_model
+from trainer.base import StopTraining
 from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.config import STAGE_CONFIGS, DPOConfig, RewardConfig, SFTConfig, StageConfig, as_dict, dump_config
+from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
+from trainer.context import RunContext, build_context, finish_stage, open_outputs, resume_latest, seed_everything
 from trainer.data.collate import pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
-from trainer.errors import ConfigError
-from trainer.models import export_model, load_causal_lm, load_tokenizer, load_value_model
-from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, pick_device, read_distributed_env
-from trainer.storage import get_storage, is_remote, join_uri
-from trainer.storage.local import local_path
-from trainer.storage.transfer import cache_root, upload_dir
-from trainer.supervised import StopTraining, SupervisedTrainer, total_steps
-from trainer.tracking import NullTracker, Tracker, build_tracker
+from trainer.models import load_causal_lm, load_frozen, load_value_model
+from trainer.runtime import all_reduce_sum
+from trainer.supervised.loop import SupervisedTrainer, total_steps
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RunContext:
-    config: StageConfig
-    env: DistributedEnv
-    plugin: Plugin
-    booster: Booster
-    tokenizer: Any
-    tracker: Tracker
-    output_dir: Path
-    """Local working directory: `config.output_dir` itself, or a cache folder when that is remote."""
-
-    @property
-    def output_uri(self) -> str:
-        return self.config.output_dir.rstrip("/")
-
-    def checkpoint_root(self) -> str:
-        return join_uri(self.output_uri, "checkpoints")
-
-
-def local_work_dir(output_uri: str) -> Path:
-    """Where a run writes files before they are published to `output_uri`."""
-    if not is_remote(output_uri):
-        return local_path(output_uri)
-    return cache_root() / "runs" / hashlib.sha256(output_uri.encode()).hexdigest()[:16]
-
-
-def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model",)) -> None:
-    """Copy the exported model(s) and the run's small files to a remote `output_dir`, and the model
-    to `export_dir` when one is set (rank 0)."""
-    if not context.env.is_main_process:
-        return
-    if context.config.export_dir:
-        upload_dir(context.output_dir / "model", context.config.export_dir.rstrip("/"))
-        logger.info("model exported to %s", context.config.export_dir)
-    if not is_remote(context.output_uri):
-        return
-    for name in directories:
-        upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
-    storage = get_storage(context.output_uri)
-    for name in ("config.yaml", "params.json", "metrics.jsonl", "final_metrics.json", "mlflow_run.json",
-                 "samples.jsonl"):
-        if (context.output_dir / name).is_file():
-            storage.upload_file(context.output_dir / name, join_uri(context.output_uri, name))
-    logger.info("published outputs to %s", context.output_uri)
 
 
 @dataclass(slots=True)
@@ -104,36 +49,6 @@ class StageParts:
     eval_examples: list[dict] | None
     collate: Callable[[list[dict]], dict]
     objective: Objective
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_context(config: StageConfig) -> RunContext:
-    env = read_distributed_env()
-    device = pick_device(env)
-    if config.model.lora is not None and config.parallel.plugin == "fsdp2":
-        raise ConfigError("model.lora with parallel.plugin 'fsdp2' is not supported; use ddp for LoRA")
-    init_process_group(env, device)
-    plugin = make_plugin(config.parallel.plugin, env, device)
-    return RunContext(config, env, plugin, Booster(plugin, config.train.mixed_precision),
-                      load_tokenizer(config.model.path), NullTracker(), local_work_dir(config.output_dir))
-
-
-def open_outputs(context: RunContext) -> None:
-    """Create the output directory, record the resolved config and start tracking.
-
-    Called only after the model and data loaded, so bad input leaves nothing behind.
-    """
-    if context.env.is_main_process:
-        context.output_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(context.config, context.output_dir / "config.yaml")
-    stage = next(name for name, cls in STAGE_CONFIGS.items() if cls is type(context.config))
-    context.tracker = build_tracker(context.output_dir, context.env.is_main_process, context.config.tracking, stage)
-    context.tracker.log_params(as_dict(context.config))
 
 
 # -- per-stage parts ----------------------------------------------------------------------------
@@ -170,9 +85,8 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
     reference = None
     if options.loss_type != "simpo" and not options.reference_free:
-        reference = load_causal_lm(config.model.model_copy(update={"lora": None, "gradient_checkpointing": False}),
-                                   options.ref_model_path, key="dpo.ref_model_path")
-        reference.requires_grad_(False).eval().to(context.plugin.device)
+        reference = load_frozen(load_causal_lm, config.model, context.plugin.device, options.ref_model_path,
+                                key="dpo.ref_model_path")
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):
                 _attach_reference_logps(reference, examples, collate, context)
@@ -239,30 +153,15 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
             objective=parts.objective, config=config, train_examples=parts.train_examples,
             eval_examples=parts.eval_examples, collate=parts.collate, checkpoints=checkpoints,
             tracker=context.tracker, stop_after_steps=stop_after_steps)
-        latest = checkpoints.latest() if config.checkpoint.resume else None
-        if latest is not None:
-            trainer.restore(TrainerState(**checkpoints.load(latest, trainer.components())))
+        resume_latest(context, checkpoints, trainer.components(), lambda state: trainer.restore(TrainerState(**state)))
         try:
             trainer.fit()
         except StopTraining as stop:
             logger.info("%s", stop)
             return StageResult(trainer.last_metrics, model)
-        return StageResult(_finish(context, model, trainer), model)
+        metrics = {**trainer.last_metrics, **trainer.eval_metrics, "global_step": trainer.global_step}
+        finish_stage(context, {"model": model}, metrics, trainer.global_step)
+        return StageResult(metrics, model)
     finally:
         context.tracker.close()
 
-
-def _finish(context: RunContext, model: nn.Module, trainer: SupervisedTrainer) -> dict[str, float]:
-    """Export the HF model to `<output_dir>/model` and write `final_metrics.json` (rank 0)."""
-    state = context.booster.full_state_dict(model)  # a collective: every rank takes part
-    metrics = {**trainer.last_metrics, **trainer.eval_metrics, "global_step": trainer.global_step}
-    if context.env.is_main_process:
-        lora = context.config.model.lora
-        export_model(unwrap_model(model), state, context.tokenizer, context.output_dir / "model",
-                     lora_scale=lora.alpha / lora.r if lora else None)
-        (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-        logger.info("model written to %s", join_uri(context.output_uri, "model"))
-        context.tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval/")}, trainer.global_step)
-        context.tracker.log_model(context.output_dir / "model")
-    publish_outputs(context)
-    return metrics

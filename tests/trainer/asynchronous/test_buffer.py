@@ -1,5 +1,5 @@
-"""Tests for the experience buffers (`trainer.buffer`), weight publishing (`trainer.weights`) and
-`Experience` batching (`trainer.experience`).
+"""Tests for the experience buffers (`trainer.asynchronous.buffer`), weight publishing (`trainer.asynchronous.weights`) and
+`Experience` batching (`trainer.online.experience`).
 
 Two `FileBuffer` objects on one directory stand in for the explorer and trainer processes. Every
 wait uses a timeout of 0.2 s, so a hang shows as a slow failure rather than a stuck run.
@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from trainer.buffer import CLOSED_MARKER, BufferTimeout, FileBuffer, QueueBuffer, ReplayBuffer
-from trainer.errors import AlignflowError
-from trainer.experience import Experience, concat_experiences
-from trainer.weights import latest_version, load_version, publish_weights, wait_for_version
+from trainer.asynchronous.buffer import CLOSED_MARKER, FileBuffer, QueueBuffer
+from trainer.asynchronous.weights import latest_version, load_version, publish_weights, wait_for_version
+from trainer.errors import AlignflowError, WaitTimeout
+from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 
 TIMEOUT = 0.2
 
@@ -41,7 +41,7 @@ def assert_same_experience(actual: Experience, expected: Experience) -> None:
 
 def assert_times_out_quickly(get) -> None:
     start = time.monotonic()
-    with pytest.raises(BufferTimeout):
+    with pytest.raises(WaitTimeout):
         get(TIMEOUT)
     elapsed = time.monotonic() - start
     assert TIMEOUT <= elapsed < TIMEOUT + 1.5, elapsed
@@ -63,7 +63,7 @@ def test_file_buffer_round_trips_experiences_in_order(tmp_path):
 def test_file_buffer_get_on_an_empty_buffer_times_out(tmp_path):
     buffer = FileBuffer(tmp_path, poll_interval=0.01)
     assert_times_out_quickly(buffer.get)
-    assert issubclass(BufferTimeout, AlignflowError)
+    assert issubclass(WaitTimeout, AlignflowError)
 
 
 def test_file_buffer_returns_none_once_closed_and_drained(tmp_path):

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-from trainer.online import PromptStream
-from trainer.online_stages import run_online_stage
+from trainer.online.prompts import PromptStream
+from trainer.online.stages import run_online_stage
 
 
 def online_config(stage, output, model, prompts, **updates):
