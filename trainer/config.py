@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, StorageError
 
 
 class Section(BaseModel):
@@ -337,11 +337,21 @@ def _key_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
     return lines
 
 
-def _read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
+def _read_yaml(path: str) -> tuple[dict, dict[tuple, int]]:
+    """The mapping in a YAML file (a local path, `s3://` or `minio://`) and the line of each key."""
+    from trainer.storage import get_storage, is_remote
+
     try:
-        text = path.read_text()
+        if is_remote(path):
+            text = get_storage(path).read_bytes(path).decode()
+        else:
+            text = Path(path).read_text()
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: cannot read config: not UTF-8 text ({err.reason})") from err
+    except StorageError as err:
+        raise ConfigError(f"cannot read config: {err}") from err
     try:
         data = yaml.safe_load(text) or {}
         root = yaml.compose(text)
@@ -372,7 +382,7 @@ def _apply_override(data: dict, override: str) -> tuple:
     return parts
 
 
-def _describe(error: dict, path: Path | None, lines: dict[tuple, int], overridden: set[tuple]) -> str:
+def _describe(error: dict, path: str | Path | None, lines: dict[tuple, int], overridden: set[tuple]) -> str:
     loc = tuple(str(part) for part in error["loc"])
     dotted = ".".join(loc) or "<top>"
     # Overrides that explain the error: one that set this key, a section around it, or a key inside it.
@@ -394,7 +404,7 @@ def _describe(error: dict, path: Path | None, lines: dict[tuple, int], overridde
     return f"{where}: {dotted} is {error.get('input')!r}, expected: {message}"
 
 
-def build_config(stage: str, data: dict, *, path: Path | None = None, lines: dict | None = None,
+def build_config(stage: str, data: dict, *, path: str | Path | None = None, lines: dict | None = None,
                  overridden: set[tuple] = frozenset()) -> StageConfig:
     """Validate a raw mapping into the stage's config class, or raise one ConfigError."""
     if stage not in STAGE_CONFIGS:
@@ -410,8 +420,8 @@ def load_config(stage: str, path: str | Path, overrides: list[str] = ()) -> Stag
     """Read a stage config from YAML, apply `key=value` overrides, validate.
 
     Args:
-        stage: One of `sft`, `rm`, `dpo`.
-        path: YAML file with the config sections.
+        stage: One of the stages in `STAGE_CONFIGS`.
+        path: YAML file with the config sections: a local path, `s3://` or `minio://` URI.
         overrides: `dotted.key=value` strings; values are parsed as YAML scalars.
 
     Returns:
@@ -420,7 +430,7 @@ def load_config(stage: str, path: str | Path, overrides: list[str] = ()) -> Stag
     Raises:
         ConfigError: naming the file:line or `--set` flag and the dotted key at fault.
     """
-    path = Path(path)
+    path = str(path)  # not Path(): that would fold `s3://b/k` into `s3:/b/k`
     data, lines = _read_yaml(path)
     overridden = {_apply_override(data, item) for item in overrides}
     return build_config(stage, data, path=path, lines=lines, overridden=overridden)

@@ -31,8 +31,13 @@ class Storage(Protocol):
         """A string that changes whenever the object changes."""
 
 
+# Object-store schemes served by the S3 backend. `minio://` is how KFP names artifacts under a stock
+# Kubeflow install's default MinIO pipeline root; it is the same S3 API at AWS_ENDPOINT_URL.
+S3_SCHEMES = ("s3://", "minio://")
+
+
 def is_remote(uri: str | Path) -> bool:
-    return str(uri).startswith("s3://")
+    return str(uri).startswith(S3_SCHEMES)
 
 
 def join_uri(base: str | Path, *parts: str) -> str:
@@ -42,14 +47,16 @@ def join_uri(base: str | Path, *parts: str) -> str:
 
 
 def get_storage(uri: str | Path) -> Storage:
-    """The backend for `uri`: S3 for `s3://`, the local filesystem for paths and `file://`."""
+    """The backend for `uri`: S3 for `s3://` and `minio://`, the local filesystem for paths and `file://`."""
     text = str(uri)
-    if text.startswith("s3://"):
+    if text.startswith(S3_SCHEMES):
         from trainer.storage.s3 import S3Storage
 
         return S3Storage.shared()
     if "://" in text and not text.startswith("file://"):
-        raise StorageError(f"{text}: unsupported URI scheme; expected a local path, file:// or s3://")
+        scheme = text.split("://", 1)[0]
+        raise StorageError(f"{text}: unsupported URI scheme {scheme}://; expected a local path, file://, s3:// "
+                           "or minio:// (with AWS_ENDPOINT_URL pointing at the MinIO service)")
     from trainer.storage.local import LocalStorage
 
     return LocalStorage()
