@@ -33,6 +33,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.images.launcher.repository .Values.images.launcher.tag }}
 {{- end }}
 
+{{- define "alignflow.trainerImage" -}}
+{{- printf "%s:%s" .Values.images.trainer.repository .Values.images.trainer.tag }}
+{{- end }}
+
 {{/* The tracking URI jobs use: the bundled server's Service, or the configured one. */}}
 {{- define "alignflow.trackingUri" -}}
 {{- if .Values.mlflow.enabled }}
@@ -43,37 +47,54 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-Environment of the chart's jobs: defaults from the ConfigMap, S3 keys from the existing Secret.
-Usage: {{ include "alignflow.jobEnv" . | nindent 12 }}
+Pod-level securityContext of every pod: the Pod Security "restricted" profile (non-root, RuntimeDefault
+seccomp). UID/GID 1000 is the user the alignflow images create.
+Usage: {{ include "alignflow.podSecurityContext" . | nindent 6 }}
 */}}
-{{- define "alignflow.jobEnv" -}}
-- name: KFP_HOST
-  value: {{ .Values.kfp.host | quote }}
-- name: MLFLOW_TRACKING_URI
-  value: {{ include "alignflow.trackingUri" . | quote }}
-{{- if .Values.s3.endpoint }}
-- name: AWS_ENDPOINT_URL
-  value: {{ .Values.s3.endpoint | quote }}
+{{- define "alignflow.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+fsGroup: 1000
+seccompProfile:
+  type: RuntimeDefault
 {{- end }}
-{{- if .Values.s3.credentialsSecret }}
-- name: AWS_ACCESS_KEY_ID
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.s3.credentialsSecret }}
-      key: AWS_ACCESS_KEY_ID
-- name: AWS_SECRET_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.s3.credentialsSecret }}
-      key: AWS_SECRET_ACCESS_KEY
+
+{{/*
+Container-level securityContext of every container ("restricted": no privilege escalation, no capabilities).
+Usage: {{ include "alignflow.containerSecurityContext" . | nindent 10 }}
+*/}}
+{{- define "alignflow.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+
+{{/*
+`extraVolumes`, after checking each is a type the "restricted" profile admits (a hostPath would make every
+pod of the chart inadmissible in a restricted namespace).
+Usage: {{ include "alignflow.extraVolumes" . | nindent 8 }}
+*/}}
+{{- define "alignflow.extraVolumes" -}}
+{{- $allowed := list "name" "configMap" "csi" "downwardAPI" "emptyDir" "ephemeral" "persistentVolumeClaim" "projected" "secret" }}
+{{- range $volume := .Values.extraVolumes }}
+{{- range $key, $_ := $volume }}
+{{- if not (has $key $allowed) }}
+{{- fail (printf "extraVolumes: volume %q is of type %s, which the Pod Security \"restricted\" profile forbids; use one of configMap, csi, downwardAPI, emptyDir, ephemeral, persistentVolumeClaim, projected, secret." (toString $volume.name) $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{- toYaml . }}
 {{- end }}
 {{- end }}
 
 {{/*
-`--param k=v` flags of the retrain's pipeline parameters (values as JSON).
-Usage: {{ include "alignflow.retrainParams" . }}
+An argument or env value as data: the kubelet expands `$(NAME)` in `args` and `env[].value`, so `$` is
+doubled (`$$` is its escape) and a value like `$(AWS_SECRET_ACCESS_KEY)` stays literal.
+Usage: {{ include "alignflow.kubeletLiteral" "some value" }}
 */}}
-{{- define "alignflow.retrainParams" -}}
-{{- $params := dict "launcher_mode" "kubernetes" "trainer_image" (printf "%s:%s" .Values.images.trainer.repository .Values.images.trainer.tag) "s3_secret" .Values.s3.credentialsSecret }}
-{{- range $key, $value := merge (dict) .Values.retrain.params $params }} --param {{ printf "%s=%s" $key (toJson $value) | squote }}{{- end }}
+{{- define "alignflow.kubeletLiteral" -}}
+{{- replace "$" "$$" (toString .) }}
 {{- end }}

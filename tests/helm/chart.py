@@ -1,0 +1,98 @@
+"""Shared helpers of the chart tests: render with the real Helm engine, and find the pods in the output."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+CHART = Path(__file__).parents[2] / "helm" / "alignflow"
+RELEASE, NAMESPACE = "af", "ml"
+KUBERNETES_VERSION = "1.30.0"
+
+# Every pod-bearing template on at once, with the options that add containers, volumes and env.
+EVERYTHING = {
+    "mlflow": {"enabled": True, "backend": {"type": "postgres", "postgresSecret": "mlflow-db"}},
+    "s3": {"credentialsSecret": "s3-credentials", "endpoint": "http://minio:9000"},
+    "retrain": {"enabled": True, "mode": "cronJob", "params": {"source": "s3://alignflow/data"}},
+    "kfp": {"multiUser": {"enabled": True}},
+    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+    "extraVolumes": [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}],
+    "extraVolumeMounts": [{"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+}
+
+
+# Value sets every chart test runs over (lint, strict validation, pod security).
+OVERRIDES = {
+    "defaults": {},
+    "mlflow-sqlite-and-cron-retrain": {
+        "mlflow": {"enabled": True}, "s3": {"credentialsSecret": "s3-credentials", "endpoint": "http://minio:9000"},
+        "retrain": {"enabled": True, "mode": "cronJob", "params": {"source": "s3://alignflow/data"}},
+        "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    },
+    "mlflow-postgres-and-recurring-run": {
+        "mlflow": {"enabled": True, "backend": {"type": "postgres", "postgresSecret": "mlflow-db"}},
+        "s3": {"credentialsSecret": "s3-credentials"}, "retrain": {"enabled": True, "mode": "recurringRun"},
+    },
+    "external-mlflow-no-upload": {"mlflow": {"trackingUri": "http://mlflow.tools:5000"},
+                                  "uploadPipelines": {"enabled": False}, "serviceAccount": {"create": False,
+                                                                                            "name": "existing"}},
+    "irsa-no-credentials-secret": {
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/af"}},
+        "mlflow": {"enabled": True, "serviceAccount": {"annotations": {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/af-mlflow"}}},
+        "retrain": {"enabled": True, "mode": "cronJob"},
+    },
+    "everything": EVERYTHING,
+    "multi-user-kubeflow-policy": {
+        "kfp": {"multiUser": {"enabled": True, "namespace": "team-a"}},
+        "retrain": {"enabled": True, "mode": "recurringRun"},
+        "policy": {"allowedTrainerImages": ["registry.corp/ml/"], "allowedSecrets": ["hf-token"],
+                   "rewardFunctions": {"exact": "rewards.text:exact_match"},
+                   "allowedRewardModulePrefixes": ["corp_rewards."]},
+        "scheduling": {"priorityClassName": "training", "kueueQueue": "gpu-queue"},
+    },
+}
+
+def render(values: dict, *, upgrade_to: int | None = None) -> list[dict]:
+    """The chart's manifests for `values`, as Helm would install them (release af in namespace ml), or
+    upgrade them to revision `upgrade_to`."""
+    import helm_python
+
+    chart = helm_python.Chart.load(str(CHART))
+    if upgrade_to is None:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    else:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, revision=upgrade_to, is_upgrade=True)
+    return [doc for path, text in rendered.items() if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def pod_spec(document: dict) -> dict | None:
+    """The pod spec inside a workload (Deployment, Job, CronJob, ...), or None for other kinds."""
+    spec = document.get("spec") or {}
+    if document["kind"] == "Pod":
+        return spec
+    if document["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return (spec.get("template") or {}).get("spec")
+
+
+def pods(documents: list[dict]) -> Iterator[tuple[str, dict]]:
+    """(kind/name, pod spec) of every workload in `documents`."""
+    for document in documents:
+        spec = pod_spec(document)
+        if spec is not None:
+            yield f"{document['kind']}/{document['metadata']['name']}", spec
+
+
+def containers(spec: dict) -> list[dict]:
+    """Init, regular and ephemeral containers of a pod spec."""
+    return [*spec.get("initContainers", []), *spec["containers"], *spec.get("ephemeralContainers", [])]
+
+
+def one(documents: list[dict], kind: str) -> dict:
+    [document] = [d for d in documents if d["kind"] == kind]
+    return document

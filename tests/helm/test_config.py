@@ -1,0 +1,113 @@
+"""The defaults ConfigMap: platform settings and allow-lists under environment-variable names."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helm.chart import containers, one, pods, render
+
+KEYS = {"ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
+        "ALIGNFLOW_S3_BUCKET", "ALIGNFLOW_S3_SECRET", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI",
+        "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
+        "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
+        "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES"}
+
+
+def config(values: dict) -> dict[str, str]:
+    return one(render(values), "ConfigMap")["data"]
+
+
+def test_defaults():
+    assert config({}) == {
+        "ALIGNFLOW_LAUNCHER_IMAGE": "ghcr.io/alignflow/launcher:latest",
+        "ALIGNFLOW_TRAINER_IMAGE": "ghcr.io/alignflow/trainer:latest",
+        "ALIGNFLOW_SERVICE_ACCOUNT": "af-alignflow",
+        "ALIGNFLOW_PIPELINE_ROOT": "s3://alignflow/pipelines",
+        "ALIGNFLOW_S3_BUCKET": "alignflow",
+        "ALIGNFLOW_S3_SECRET": "",
+        "AWS_ENDPOINT_URL": "",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "MLFLOW_TRACKING_URI": "",
+        "ALIGNFLOW_MLFLOW_EXTERNAL_URL": "",
+        "KFP_HOST": "http://ml-pipeline.kubeflow:8888",
+        "KFP_NAMESPACE": "",
+        "ALIGNFLOW_NODE_SELECTOR": "{}",
+        "ALIGNFLOW_TOLERATIONS": "[]",
+        "ALIGNFLOW_GPU_RESOURCE": "nvidia.com/gpu",
+        "ALIGNFLOW_PRIORITY_CLASS": "",
+        "ALIGNFLOW_KUEUE_QUEUE": "",
+        "ALIGNFLOW_ALLOWED_IMAGES": "ghcr.io/alignflow/trainer",
+        "ALIGNFLOW_ALLOWED_SECRETS": "",
+        "ALIGNFLOW_REWARD_FUNCTIONS": "",
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES": "",
+    }
+
+
+def test_configured_platform():
+    data = config({
+        "images": {"launcher": {"repository": "registry.corp/ml/launcher", "tag": "1.2"},
+                   "trainer": {"repository": "registry.corp/ml/trainer", "tag": "1.2"}},
+        "serviceAccount": {"name": "alignflow-runner"},
+        "s3": {"endpoint": "http://minio.storage:9000", "region": "eu-west-1", "credentialsSecret": "s3-keys"},
+        "mlflow": {"enabled": True, "externalUrl": "https://mlflow.corp.example"},
+        "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "resourceName": "nvidia.com/mig-1g.10gb",
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        "scheduling": {"priorityClassName": "training", "kueueQueue": "gpu-queue"},
+        "policy": {"allowedTrainerImages": ["registry.corp/ml/", "registry.corp/ml/trainer"],
+                   "allowedSecrets": ["hf-token", "s3-keys"],
+                   "rewardFunctions": {"exact": "rewards.text:exact_match", "length": "rewards.text:length_penalty"},
+                   "allowedRewardModulePrefixes": ["corp_rewards.", "rewards."]},
+    })
+    assert set(data) == KEYS
+    assert data["ALIGNFLOW_LAUNCHER_IMAGE"] == "registry.corp/ml/launcher:1.2"
+    assert data["ALIGNFLOW_TRAINER_IMAGE"] == "registry.corp/ml/trainer:1.2"
+    assert data["ALIGNFLOW_SERVICE_ACCOUNT"] == "alignflow-runner"
+    assert (data["AWS_ENDPOINT_URL"], data["AWS_DEFAULT_REGION"]) == ("http://minio.storage:9000", "eu-west-1")
+    assert data["ALIGNFLOW_S3_SECRET"] == "s3-keys"
+    assert data["MLFLOW_TRACKING_URI"] == "http://af-alignflow-mlflow.ml.svc:5000"
+    assert data["ALIGNFLOW_MLFLOW_EXTERNAL_URL"] == "https://mlflow.corp.example"
+    assert json.loads(data["ALIGNFLOW_NODE_SELECTOR"]) == {"nvidia.com/gpu.present": "true"}
+    assert json.loads(data["ALIGNFLOW_TOLERATIONS"]) == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                          "effect": "NoSchedule"}]
+    assert data["ALIGNFLOW_GPU_RESOURCE"] == "nvidia.com/mig-1g.10gb"
+    assert (data["ALIGNFLOW_PRIORITY_CLASS"], data["ALIGNFLOW_KUEUE_QUEUE"]) == ("training", "gpu-queue")
+    # the chart's own trainer repository and S3 Secret are always allowed (the chart's retrain uses them), once
+    assert data["ALIGNFLOW_ALLOWED_IMAGES"] == "registry.corp/ml/trainer,registry.corp/ml/"
+    assert data["ALIGNFLOW_ALLOWED_SECRETS"] == "s3-keys,hf-token"
+    assert data["ALIGNFLOW_REWARD_FUNCTIONS"] == "exact=rewards.text:exact_match,length=rewards.text:length_penalty"
+    assert data["ALIGNFLOW_ALLOWED_REWARD_MODULES"] == "corp_rewards.,rewards."
+
+
+def test_keys_are_environment_variable_names_the_jobs_load():
+    documents = render({"retrain": {"enabled": True, "mode": "cronJob"}})
+    config_map = one(documents, "ConfigMap")
+    assert all(re.fullmatch(r"[A-Z_][A-Z0-9_]*", key) for key in config_map["data"])
+    for where, spec in pods(documents):
+        for container in containers(spec):
+            assert {"configMapRef": {"name": config_map["metadata"]["name"]}} in container["envFrom"], where
+
+
+def test_components_read_the_image_keys():
+    """components/images.py picks the images from the same names, so loading the map as env configures them."""
+    source = (Path(__file__).parents[2] / "components" / "images.py").read_text()
+    assert set(re.findall(r'os\.environ\.get\("(ALIGNFLOW_\w+)"', source)) <= KEYS
+    assert "ALIGNFLOW_LAUNCHER_IMAGE" in source and "ALIGNFLOW_TRAINER_IMAGE" in source
+
+
+@pytest.mark.parametrize("policy", [
+    {"allowedTrainerImages": ["a,b"]},
+    {"allowedSecrets": ["Not_A_Secret_Name"]},
+    {"rewardFunctions": {"exact": "no-colon"}},
+    {"rewardFunctions": {"a,b": "rewards.text:exact"}},
+    {"allowedRewardModulePrefixes": ["bad prefix"]},
+])
+def test_policy_entries_that_would_break_the_comma_lists_are_rejected(policy):
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"policy": policy})
