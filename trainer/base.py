@@ -1,14 +1,24 @@
 """Trainer bases with ColossalChat's API: `SLTrainer` (supervised) and `OLTrainer` (online RL).
 
-Kept from the seed (coati/trainer/base.py): the names, the constructor signatures, the
-template methods and the context-managed callbacks. Fixed on purpose:
+Kept from the seed (`applications/ColossalChat/coati/trainer/base.py`): the names, the
+constructor signatures, the template methods and their call order, and the seed's semantics of
+`OLTrainer.fit`: the make-experience hooks fire around every collect step and
+`on_make_experience_end` receives that step's experience; `sample_buffer=True` skips the
+update-phase dataloader (`_learn` then samples from `data_buffer` itself); `_save_checkpoint`
+receives `episode + 1`, the number of episodes done; the fit and episode hooks run in `finally`,
+so `on_episode_end` and `on_fit_end` fire when an episode raises; `on_learn_batch_end` receives
+the batch learnt from. A subclass may implement the update-phase setup under the seed's
+misspelled name `_setup_update_phrase_dataload` or under `_setup_update_phase_dataload`.
+
+Deliberate differences from the seed, and why:
 
 - `SLTrainer.fit` re-seeds the training sampler every epoch (`set_epoch`), and on resume skips
-  exactly the samples already consumed in the resumed epoch only;
-- saving is driven by a step interval (`save_interval`), not only by epoch ends;
-- `OLTrainer` owns `save_interval` (0 means "never mid-run"; the seed divided by it), copies its
-  `callbacks` argument (no shared mutable default), and spells `_setup_update_phase_dataload`
-  correctly (the seed's `_setup_update_phrase_dataload` stays as an alias).
+  exactly the samples already consumed in the resumed epoch only (the seed restarts the epoch);
+- `OLTrainer` owns `save_interval` (default 0, "only at the end"): the seed's `fit` reads an
+  attribute only its subclasses set, and divides by it;
+- `OLTrainer.fit` resumes at `num_episodes_done` and saves once more after the last episode when
+  the interval did not just save it (the seed starts at episode 0 and can end unsaved);
+- `callbacks` is copied (the seed shares one mutable default list between instances).
 """
 
 from __future__ import annotations
@@ -91,10 +101,13 @@ class OLTrainer(ABC):
     Args:
         actor_booster: Booster of the actor (policy).
         critic_booster: Booster of the critic; None for critic-free methods (GRPO).
-        data_buffer: Holds the experiences of the current episode; cleared after each.
-        sample_buffer: If True, `_learn` samples single batches from the buffer instead of
-            iterating a dataloader over it.
-        dataloader_pin_memory: Pin memory in the update-phase dataloader.
+        data_buffer: Holds the experiences of the current episode (`append`, `clear`); cleared
+            after each episode (on-policy).
+        sample_buffer: If True, `fit` does not set up an update-phase dataloader and `_learn`
+            samples its batch from `data_buffer` itself (the seed's semantics).
+        dataloader_pin_memory: Pin the memory of update-phase batches held on the CPU before they
+            are copied to a CUDA device (subclasses apply it where they move batches; it does
+            nothing on CPU-only runs).
         callbacks: Called around fit, episodes, experience making and learning.
     """
 
@@ -111,6 +124,15 @@ class OLTrainer(ABC):
         self.save_interval = 0
         self.num_episodes_done = 0
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> OLTrainer:
+        # The update-phase setup is abstract under either spelling; implementing one is enough.
+        base = OLTrainer
+        if (cls._setup_update_phase_dataload is base._setup_update_phase_dataload
+                and cls._setup_update_phrase_dataload is base._setup_update_phrase_dataload):
+            raise TypeError(f"Can't instantiate abstract class {cls.__name__} without an implementation of "
+                            "_setup_update_phase_dataload (or the seed's spelling _setup_update_phrase_dataload)")
+        return super().__new__(cls)
+
     # -- callback dispatch ------------------------------------------------------------------------
 
     def _dispatch(self, hook: str, *args: Any) -> None:
@@ -118,25 +140,40 @@ class OLTrainer(ABC):
             getattr(callback, hook)(*args)
 
     @contextlib.contextmanager
-    def _around(self, name: str, *args: Any) -> Iterator[None]:
-        self._dispatch(f"on_{name}_start", *args)
-        yield
-        self._dispatch(f"on_{name}_end", *args)
+    def _fit_ctx(self) -> Iterator[None]:
+        self._dispatch("on_fit_start")
+        try:
+            yield
+        finally:
+            self._dispatch("on_fit_end")
 
-    def _fit_ctx(self):
-        return self._around("fit")
+    @contextlib.contextmanager
+    def _episode_ctx(self, episode: int) -> Iterator[None]:
+        self._dispatch("on_episode_start", episode)
+        try:
+            yield
+        finally:
+            self._dispatch("on_episode_end", episode)
 
-    def _episode_ctx(self, episode: int):
-        return self._around("episode", episode)
+    def _on_make_experience_start(self) -> None:
+        self._dispatch("on_make_experience_start")
 
-    def _make_experience_ctx(self):
-        return self._around("make_experience")
+    def _on_make_experience_end(self, experience: Any) -> None:
+        self._dispatch("on_make_experience_end", experience)
 
-    def _learn_epoch_ctx(self, epoch: int):
-        return self._around("learn_epoch", epoch)
+    def _on_learn_epoch_start(self, epoch: int) -> None:
+        self._dispatch("on_learn_epoch_start", epoch)
 
-    def _learn_batch_ctx(self):
-        return self._around("learn_batch")
+    def _on_learn_epoch_end(self, epoch: int) -> None:
+        self._dispatch("on_learn_epoch_end", epoch)
+
+    def _on_learn_batch_start(self) -> None:
+        """Subclasses call this before each batch `_learn` trains on."""
+        self._dispatch("on_learn_batch_start")
+
+    def _on_learn_batch_end(self, experience: Any) -> None:
+        """Subclasses call this after each batch `_learn` trained on, with that batch."""
+        self._dispatch("on_learn_batch_end", experience)
 
     # -- template methods -------------------------------------------------------------------------
 
@@ -146,25 +183,37 @@ class OLTrainer(ABC):
 
     @abstractmethod
     def _learn(self, update_step: int) -> None:
-        """One update step over the buffered experience."""
+        """One update step: a pass over the update-phase dataloader, or one batch sampled from
+        `data_buffer` when `sample_buffer` is set."""
 
-    @abstractmethod
     def _setup_update_phase_dataload(self) -> None:
-        """Build the dataloader over `data_buffer` for the update phase."""
+        """Build the dataloader over `data_buffer` for the update phase (implement this or the seed's spelling)."""
+        self._setup_update_phrase_dataload()
 
     def _setup_update_phrase_dataload(self) -> None:
-        """Deprecated misspelling kept from the seed API; calls `_setup_update_phase_dataload`."""
+        """The seed's (misspelled) name of `_setup_update_phase_dataload`; `fit` calls this one, as the seed does."""
         self._setup_update_phase_dataload()
 
     @abstractmethod
     def _save_checkpoint(self, episode: int) -> None:
-        """Save everything needed to resume after `episode`."""
+        """Save everything needed to resume; `episode` is the number of episodes done (the seed's `episode + 1`)."""
 
     def _before_fit(self, *args: Any, **kwargs: Any) -> None:
         """Hook for subclasses: set up prompt loaders and the like."""
 
-    def _should_save(self, episode: int) -> bool:
-        return self.save_interval > 0 and (episode + 1) % self.save_interval == 0
+    def _should_save(self, episodes_done: int) -> bool:
+        return self.save_interval > 0 and episodes_done % self.save_interval == 0
+
+    def _collect_phase(self, collect_step: int) -> None:
+        self._on_make_experience_start()
+        experience = self._make_experience(collect_step)
+        self._on_make_experience_end(experience)
+        self.data_buffer.append(experience)
+
+    def _update_phase(self, update_step: int) -> None:
+        self._on_learn_epoch_start(update_step)
+        self._learn(update_step)
+        self._on_learn_epoch_end(update_step)
 
     def fit(self, num_episodes: int, num_collect_steps: int, num_update_steps: int, *args: Any,
             **kwargs: Any) -> None:
@@ -183,17 +232,15 @@ class OLTrainer(ABC):
         with self._fit_ctx():
             for episode in tqdm(range(first_episode, num_episodes), desc="episodes", disable=not show_progress):
                 with self._episode_ctx(episode):
-                    with self._make_experience_ctx():
-                        for collect_step in range(num_collect_steps):
-                            self.data_buffer.append(self._make_experience(collect_step))
-                    self._setup_update_phase_dataload()
+                    for collect_step in range(num_collect_steps):
+                        self._collect_phase(collect_step)
+                    if not self.sample_buffer:
+                        self._setup_update_phrase_dataload()
                     for update_step in range(num_update_steps):
-                        # Subclasses wrap each minibatch of `_learn` in `self._learn_batch_ctx()`.
-                        with self._learn_epoch_ctx(update_step):
-                            self._learn(update_step)
-                    self.data_buffer.clear()
+                        self._update_phase(update_step)
+                    self.data_buffer.clear()  # on-policy: an episode learns from its own experience only
                 self.num_episodes_done = episode + 1
-                if self._should_save(episode):
-                    self._save_checkpoint(episode)
-            if num_episodes > first_episode and not self._should_save(num_episodes - 1):
-                self._save_checkpoint(num_episodes - 1)
+                if self._should_save(episode + 1):
+                    self._save_checkpoint(episode + 1)
+            if num_episodes > first_episode and not self._should_save(num_episodes):
+                self._save_checkpoint(num_episodes)

@@ -1,7 +1,7 @@
 """Booster and plugins: how a model, its optimizer and its checkpoints meet a parallelism.
 
 The interface is shaped like `colossalai.booster.Booster` (boost, backward, no_sync,
-save/load of model, optimizer and lr scheduler) so the trainers can be handed a real ColossalAI
+loading of model, optimizer and lr scheduler) so the trainers can be handed a real ColossalAI
 booster. Plugins say where the process stands (world size, rank, device) and how to wrap a model:
 
 - `SinglePlugin`: one process, CPU or one GPU.
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from trainer.errors import ConfigError
-from trainer.runtime import DistributedEnv, barrier
+from trainer.runtime import DistributedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,6 @@ _FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 class Plugin:
     """One process's place in the run and the way it wraps a model. Subclasses override `wrap_model`."""
-
-    needs_gpu = False
 
     def __init__(self, env: DistributedEnv, device: torch.device) -> None:
         self.env = env
@@ -183,30 +181,16 @@ class Booster:
     def no_sync(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         return self.plugin.no_sync(model)
 
-    # -- checkpoints: full state dicts, written by rank 0, read by every rank ----------------------
-
-    def _write(self, obj: Any, checkpoint: str | Path) -> None:
-        if self.plugin.is_main_process:
-            torch.save(obj, checkpoint)
-        barrier()
-
-    def save_model(self, model: nn.Module, checkpoint: str | Path, **_: Any) -> None:
-        self._write(self.full_state_dict(model), checkpoint)
+    # -- checkpoints: full state dicts (`CheckpointManager` writes them on rank 0), read by every rank --
 
     def load_model(self, model: nn.Module, checkpoint: str | Path, strict: bool = True, **_: Any) -> None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
-    def save_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
-        self._write(self.full_optimizer_state_dict(optimizer), checkpoint)
-
     def load_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
         model = self._model_of_optimizer[id(optimizer)]
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-    def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | Path) -> None:
-        self._write(lr_scheduler.state_dict(), checkpoint)
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | Path) -> None:
         lr_scheduler.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))

@@ -1,6 +1,12 @@
-"""Callbacks around the phases of `OLTrainer.fit`. Every hook is a no-op by default."""
+"""Callbacks around the phases of `OLTrainer.fit`, with the seed's signatures. Every hook is a no-op by default.
+
+`experience` is whatever the trainer's `_make_experience` returns (an `Experience` for PPO/GRPO);
+`on_learn_batch_end` receives the batch `_learn` just trained on.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class Callback:
@@ -16,7 +22,7 @@ class Callback:
 
     def on_make_experience_start(self) -> None: ...
 
-    def on_make_experience_end(self) -> None: ...
+    def on_make_experience_end(self, experience: Any) -> None: ...
 
     def on_learn_epoch_start(self, epoch: int) -> None: ...
 
@@ -24,4 +30,4 @@ class Callback:
 
     def on_learn_batch_start(self) -> None: ...
 
-    def on_learn_batch_end(self) -> None: ...
+    def on_learn_batch_end(self, experience: Any) -> None: ...

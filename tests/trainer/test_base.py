@@ -1,4 +1,10 @@
-"""Tests of the trainer bases (`SLTrainer`, `OLTrainer`) and the callback hooks around their loops."""
+"""Tests of the trainer bases (`SLTrainer`, `OLTrainer`) and the callback hooks around their loops.
+
+The `OLTrainer` expectations come from the seed, ColossalChat's `coati/trainer/base.py`: hooks
+around every collect step with the experience, `sample_buffer` skipping the update-phase
+dataloader, `_save_checkpoint(episode + 1)`, `finally` around the fit and episode hooks, and the
+abstract `_setup_update_phrase_dataload` (the seed's spelling).
+"""
 
 from __future__ import annotations
 
@@ -42,8 +48,8 @@ class RecordingCallback(Callback):
     def on_make_experience_start(self) -> None:
         self.events.append("make_experience_start")
 
-    def on_make_experience_end(self) -> None:
-        self.events.append("make_experience_end")
+    def on_make_experience_end(self, experience) -> None:
+        self.events.append(("make_experience_end", experience))
 
     def on_learn_epoch_start(self, epoch: int) -> None:
         self.events.append(("learn_epoch_start", epoch))
@@ -54,15 +60,16 @@ class RecordingCallback(Callback):
     def on_learn_batch_start(self) -> None:
         self.events.append("learn_batch_start")
 
-    def on_learn_batch_end(self) -> None:
-        self.events.append("learn_batch_end")
+    def on_learn_batch_end(self, experience) -> None:
+        self.events.append(("learn_batch_end", experience))
 
 
 class RecordingOLTrainer(OLTrainer):
     """Collects integers as experience and records each template-method call into `events`."""
 
-    def __init__(self, events: list | None = None, callbacks=None, save_interval: int = 0) -> None:
-        super().__init__(make_booster(), None, data_buffer=[], sample_buffer=False, dataloader_pin_memory=False,
+    def __init__(self, events: list | None = None, callbacks=None, save_interval: int = 0,
+                 sample_buffer: bool = False) -> None:
+        super().__init__(make_booster(), None, data_buffer=[], sample_buffer=sample_buffer, dataloader_pin_memory=False,
                          callbacks=callbacks)
         self.events = [] if events is None else events
         self.save_interval = save_interval
@@ -72,29 +79,32 @@ class RecordingOLTrainer(OLTrainer):
     def _before_fit(self, *args, **kwargs) -> None:
         self.events.append("before_fit")
 
-    def _make_experience(self, collect_step: int) -> int:
+    def _make_experience(self, collect_step: int) -> str:
         self.events.append(("make_experience", collect_step))
-        return collect_step
+        return f"experience-{collect_step}"
 
     def _setup_update_phase_dataload(self) -> None:
         self.events.append("setup_update_phase_dataload")
 
     def _learn(self, update_step: int) -> None:
-        with self._learn_batch_ctx():
-            self.buffer_sizes_seen_by_learn.append(len(self.data_buffer))
-            self.events.append(("learn", update_step))
+        self._on_learn_batch_start()
+        self.buffer_sizes_seen_by_learn.append(len(self.data_buffer))
+        self.events.append(("learn", update_step))
+        self._on_learn_batch_end(f"batch-{update_step}")
 
     def _save_checkpoint(self, episode: int) -> None:
         self.saved_episodes.append(episode)
         self.events.append(("save", episode))
 
 
-def episode_events(episode: int, num_collect_steps: int, num_update_steps: int) -> list:
-    events = [("episode_start", episode), "make_experience_start"]
-    events += [("make_experience", step) for step in range(num_collect_steps)]
-    events += ["make_experience_end", "setup_update_phase_dataload"]
+def episode_events(episode: int, num_collect_steps: int, num_update_steps: int, sample_buffer: bool = False) -> list:
+    events: list = [("episode_start", episode)]
+    for step in range(num_collect_steps):  # the seed's `_collect_phase`: hooks around every collect step
+        events += ["make_experience_start", ("make_experience", step), ("make_experience_end", f"experience-{step}")]
+    if not sample_buffer:
+        events.append("setup_update_phase_dataload")
     for step in range(num_update_steps):
-        events += [("learn_epoch_start", step), "learn_batch_start", ("learn", step), "learn_batch_end",
+        events += [("learn_epoch_start", step), "learn_batch_start", ("learn", step), ("learn_batch_end", f"batch-{step}"),
                    ("learn_epoch_end", step)]
     return events + [("episode_end", episode)]
 
@@ -103,8 +113,41 @@ def test_fit_calls_hooks_and_template_methods_in_loop_order():
     events: list = []
     trainer = RecordingOLTrainer(events, callbacks=[RecordingCallback(events)])
     trainer.fit(num_episodes=2, num_collect_steps=2, num_update_steps=2)
-    expected = ["fit_start", *episode_events(0, 2, 2), *episode_events(1, 2, 2), ("save", 1), "fit_end"]
+    expected = ["fit_start", *episode_events(0, 2, 2), *episode_events(1, 2, 2), ("save", 2), "fit_end"]
     assert [event for event in events if event != "before_fit"] == expected
+
+
+def test_make_experience_hooks_fire_once_per_collect_step_with_that_steps_experience():
+    events: list = []
+    trainer = RecordingOLTrainer(callbacks=[RecordingCallback(events)])
+    trainer.fit(num_episodes=1, num_collect_steps=3, num_update_steps=1)
+    assert events.count("make_experience_start") == 3
+    assert [e[1] for e in events if isinstance(e, tuple) and e[0] == "make_experience_end"] == [
+        "experience-0", "experience-1", "experience-2"]
+
+
+def test_sample_buffer_skips_the_update_phase_dataloader():
+    events: list = []
+    trainer = RecordingOLTrainer(events, callbacks=[RecordingCallback(events)], sample_buffer=True)
+    trainer.fit(num_episodes=1, num_collect_steps=2, num_update_steps=2)
+    assert "setup_update_phase_dataload" not in events
+    expected = ["fit_start", *episode_events(0, 2, 2, sample_buffer=True), ("save", 1), "fit_end"]
+    assert [event for event in events if event != "before_fit"] == expected
+    assert trainer.buffer_sizes_seen_by_learn == [2, 2]  # `_learn` samples from the filled buffer itself
+
+
+def test_episode_and_fit_end_hooks_run_when_an_episode_raises():
+    events: list = []
+
+    class Failing(RecordingOLTrainer):
+        def _learn(self, update_step: int) -> None:
+            raise RuntimeError("boom")
+
+    trainer = Failing(events, callbacks=[RecordingCallback(events)])
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1)
+    assert events[-2:] == [("episode_end", 0), "fit_end"]
+    assert ("episode_start", 1) not in events and trainer.saved_episodes == []
 
 
 def test_every_callback_receives_every_hook_in_registration_order():
@@ -146,26 +189,27 @@ def test_learn_sees_the_episode_buffer_and_the_buffer_is_cleared_after_each_epis
 def test_save_interval_zero_saves_once_at_the_end():
     trainer = RecordingOLTrainer(save_interval=0)
     trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
-    assert trainer.saved_episodes == [2]
+    assert trainer.saved_episodes == [3]
 
 
-def test_save_interval_one_saves_every_episode_and_not_again_at_the_end():
+def test_save_checkpoint_receives_the_number_of_episodes_done_as_the_seed_passes_it():
+    # The seed: `if save_interval > 0 and (episode + 1) % save_interval == 0: _save_checkpoint(episode + 1)`.
     trainer = RecordingOLTrainer(save_interval=1)
     trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
-    assert trainer.saved_episodes == [0, 1, 2]
+    assert trainer.saved_episodes == [1, 2, 3]  # and not again at the end
 
 
 def test_save_interval_that_does_not_divide_the_run_still_saves_the_last_episode():
     trainer = RecordingOLTrainer(save_interval=2)
     trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
-    assert trainer.saved_episodes == [1, 2]
+    assert trainer.saved_episodes == [2, 3]
 
 
 def test_save_happens_after_the_episode_end_hook():
     events: list = []
     trainer = RecordingOLTrainer(events, callbacks=[RecordingCallback(events)], save_interval=1)
     trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
-    assert events.index(("episode_end", 0)) < events.index(("save", 0)) < events.index("fit_end")
+    assert events.index(("episode_end", 0)) < events.index(("save", 1)) < events.index("fit_end")
 
 
 def test_fit_with_zero_episodes_saves_nothing():
@@ -181,7 +225,7 @@ def test_fit_resumes_from_num_episodes_done():
     trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
     assert [e[1] for e in events if isinstance(e, tuple) and e[0] == "episode_start"] == [1, 2]
     assert trainer.num_episodes_done == 3
-    assert trainer.saved_episodes == [2]
+    assert trainer.saved_episodes == [3]
 
 
 def test_num_episodes_done_counts_finished_episodes():
@@ -224,13 +268,37 @@ def test_misspelled_alias_calls_setup_update_phase_dataload():
     assert trainer.events == ["setup_update_phase_dataload"]
 
 
-def test_base_callback_hooks_are_no_ops():
+class SeedSpelledOLTrainer(RecordingOLTrainer):
+    """Implements the update-phase setup only under the seed's name, as coati's PPOTrainer does."""
+
+    _setup_update_phase_dataload = OLTrainer._setup_update_phase_dataload  # back to the base's (not implemented)
+
+    def _setup_update_phrase_dataload(self) -> None:
+        self.events.append("setup_update_phrase_dataload")
+
+
+def test_subclass_implementing_only_the_seeds_misspelled_setup_is_instantiated_and_called():
+    trainer = SeedSpelledOLTrainer()
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
+    assert trainer.events.count("setup_update_phrase_dataload") == 1
+
+
+def test_subclass_implementing_neither_spelling_of_the_setup_is_abstract():
+    class Incomplete(SeedSpelledOLTrainer):
+        _setup_update_phrase_dataload = OLTrainer._setup_update_phrase_dataload
+
+    with pytest.raises(TypeError, match="abstract.*_setup_update_phase_dataload"):
+        Incomplete()
+
+
+def test_base_callback_hooks_take_the_seeds_arguments_and_are_no_ops():
     callback = Callback()
-    for hook in ("on_fit_start", "on_fit_end", "on_make_experience_start", "on_make_experience_end",
-                 "on_learn_batch_start", "on_learn_batch_end"):
+    for hook in ("on_fit_start", "on_fit_end", "on_make_experience_start", "on_learn_batch_start"):
         assert getattr(callback, hook)() is None
     for hook in ("on_episode_start", "on_episode_end", "on_learn_epoch_start", "on_learn_epoch_end"):
         assert getattr(callback, hook)(0) is None
+    for hook in ("on_make_experience_end", "on_learn_batch_end"):  # the seed passes the experience
+        assert getattr(callback, hook)(object()) is None
 
 
 def test_ol_trainer_requires_its_template_methods():

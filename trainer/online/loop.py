@@ -4,11 +4,16 @@ An episode collects `num_collect_steps` batches of rollouts from the prompt stre
 them (old and reference log-probs; PPO: values, KL-shaped rewards and GAE; GRPO: group-normalised
 advantages), then takes `num_update_epochs` passes over the episode's experience in minibatches.
 Every optimizer step goes through `algorithms.update.train_step` with the algorithm's objective.
+
+The pieces the asynchronous engine (`trainer.asynchronous`) shares with this loop are module
+functions here, so each exists once: `compute_advantages`, `build_actor_objective`,
+`build_critic_objective`, `critic_metric_names`, `build_kl_controller` and `micro_batches`.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -41,6 +46,77 @@ logger = logging.getLogger(__name__)
 SAMPLES_KEPT = 5
 
 
+# -- shared with the asynchronous engine ----------------------------------------------------------
+
+
+def compute_advantages(experience: Experience, config: OnlineStageConfig, kl_coef: float) -> Experience:
+    """Rewards and advantages of a batch whose log-probs (and, for PPO, values) are filled in.
+
+    PPO: per-token KL-shaped rewards from `old_logps` and `ref_logps`, GAE, optional whitening.
+    GRPO: the group-normalised score on every response token (rows come in groups of
+    `num_generations`). Returns a copy with `rewards`/`returns` (PPO) and `advantages` set.
+    """
+    mask = experience.action_mask.float()  # (B, T)
+    if isinstance(config, GRPOConfig):
+        options = config.grpo
+        advantages = group_advantages(experience.scores, options.num_generations, scale=options.scale_rewards)  # (B,)
+        return replace(experience, advantages=advantages[:, None] * mask)
+    options = config.ppo
+    kl = kl_estimate(experience.old_logps, experience.ref_logps, options.kl_estimator) * mask
+    rewards = shape_rewards(experience.scores, kl, mask, kl_coef=kl_coef, reward_clip=options.reward_clip)
+    advantages, returns = gae_advantages(rewards, experience.values, mask, gamma=options.gamma, lam=options.lam)
+    if options.whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return replace(experience, rewards=rewards, advantages=advantages, returns=returns)
+
+
+def build_actor_objective(config: OnlineStageConfig) -> Any:
+    """The policy objective of the stage: GRPO's, or PPO's clipped surrogate (+ entropy, ptx)."""
+    if isinstance(config, GRPOConfig):
+        options = config.grpo
+        return GRPOObjective(epsilon=options.epsilon, beta=options.beta, loss_aggregation=options.loss_aggregation)
+    options = config.ppo
+    return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
+
+
+def build_critic_objective(config: OnlineStageConfig) -> Any:
+    """PPO's clipped value objective (GRPO has no critic)."""
+    return PPOCriticObjective(cliprange_value=config.ppo.cliprange_value, vf_coef=config.ppo.vf_coef)
+
+
+def critic_metric_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The critic's step metrics under the names `trainer.algorithms.ppo` documents (`critic/grad_norm`, ...)."""
+    return {k if k.startswith("value") else f"critic/{k}": v for k, v in metrics.items()}
+
+
+def build_kl_controller(config: OnlineStageConfig) -> AdaptiveKLController:
+    """PPO's reward KL coefficient (adaptive with `target_kl`); GRPO's is 0 (its KL is in the loss, `beta`)."""
+    if isinstance(config, GRPOConfig):
+        return AdaptiveKLController(0.0, None, 1)
+    options = config.ppo
+    return AdaptiveKLController(options.kl_coef, options.target_kl, options.kl_horizon)
+
+
+def to_device(experience: Experience, device: torch.device, pin_memory: bool = False) -> Experience:
+    """`experience` on `device`; CPU tensors bound for CUDA are pinned first when `pin_memory`, then
+    copied without blocking (what the seed's `dataloader_pin_memory` asks of its DataLoader)."""
+    if not (pin_memory and device.type == "cuda"):
+        return experience.to(device)
+    moved = {name: (tensor.pin_memory() if tensor.device.type == "cpu" else tensor).to(device, non_blocking=True)
+             for name, tensor in experience.as_batch().items()}
+    return replace(experience, **moved)
+
+
+def micro_batches(minibatch: Experience, micro_batch_size: int, device: torch.device,
+                  ptx: dict[str, torch.Tensor] | None = None, pin_memory: bool = False) -> list[dict]:
+    """The micro-batches of one optimizer step, on `device`; each carries the ptx batch when given."""
+    batches = [m.as_batch() for m in to_device(minibatch, device, pin_memory).split(micro_batch_size)]
+    if ptx is not None:
+        for batch in batches:
+            batch.update(ptx_input_ids=ptx["input_ids"].to(device), ptx_labels=ptx["labels"].to(device))
+    return batches
+
+
 class PPOTrainer(OLTrainer):
     """PPO with an actor, a critic, a frozen reference and a reward source.
 
@@ -58,10 +134,13 @@ class PPOTrainer(OLTrainer):
         tracker: Receives metrics (no-op off rank 0).
         ptx_batches: Optional SFT batches for the pretraining loss, cycled through.
         stop_after_episodes: Save and stop after this episode count (a simulated preemption).
+
+    With `sample_buffer` set, `fit` skips `_setup_update_phase_dataload` and each update step trains
+    on one minibatch sampled (without replacement within the step) from the episode's experience.
     """
 
     def __init__(self, actor_booster: Booster, critic_booster: Booster | None, data_buffer: ReplayBuffer,
-                 sample_buffer: bool = False, dataloader_pin_memory: bool = False, callbacks: list | None = None, *,
+                 sample_buffer: bool = False, dataloader_pin_memory: bool = True, callbacks: list | None = None, *,
                  actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module, scorer: Any, tokenizer: Any,
                  config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager, tracker: Tracker,
                  ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None) -> None:
@@ -82,13 +161,10 @@ class PPOTrainer(OLTrainer):
         self.device = plugin.device
         self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
         self.global_step = 0
-        self.kl_controller = self._make_kl_controller()
+        self.kl_controller = build_kl_controller(config)
         self.last_metrics: dict[str, float] = {}
         self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
-
-    def _make_kl_controller(self) -> AdaptiveKLController | None:
-        options = self.config.ppo
-        return AdaptiveKLController(options.kl_coef, options.target_kl, options.kl_horizon)
+        self._experience: Experience | None = None  # the episode's experience, once concatenated
 
     # -- collect ------------------------------------------------------------------------------------
 
@@ -101,68 +177,61 @@ class PPOTrainer(OLTrainer):
 
     @torch.no_grad()
     def _make_experience(self, collect_step: int) -> Experience:
+        if collect_step == 0:
+            self._experience = None  # a new episode
         batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
         return self.annotate(batch, scores)
 
     @torch.no_grad()
     def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:
-        """Add log-probs, values, rewards and advantages to freshly generated sequences."""
+        """Add log-probs, values (PPO), rewards and advantages to freshly generated sequences."""
         mask = batch["action_mask"].float()
-        old_logps = response_logps(self.actor, batch) * mask
-        ref_logps = response_logps(self.ref_model, batch) * mask
-        values = response_values(self.critic, batch) * mask
-        kl = kl_estimate(old_logps, ref_logps, self.config.ppo.kl_estimator) * mask
-        rewards = shape_rewards(scores, kl, mask, kl_coef=self.kl_controller.value,
-                                reward_clip=self.config.ppo.reward_clip)
-        advantages, returns = gae_advantages(rewards, values, mask, gamma=self.config.ppo.gamma, lam=self.config.ppo.lam)
-        if self.config.ppo.whiten_advantages:
-            advantages = whiten(advantages, mask)
-        return Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
-                          rewards=rewards, advantages=advantages, returns=returns, version=version)
+        values = response_values(self.critic, batch) * mask if self.critic is not None else None
+        experience = Experience(**batch, scores=scores, old_logps=response_logps(self.actor, batch) * mask,
+                                ref_logps=response_logps(self.ref_model, batch) * mask, values=values, version=version)
+        return compute_advantages(experience, self.config, self.kl_controller.value)
 
     # -- learn --------------------------------------------------------------------------------------
 
     def _setup_update_phase_dataload(self) -> None:
-        experience = concat_experiences(self.data_buffer.items, self.tokenizer.pad_token_id)
-        self._log_episode(experience)
-        generator = torch.Generator().manual_seed(self.config.train.seed + self.num_episodes_done)
-        self._experience = experience
-        self._generator = generator
+        self._episode_experience()
+
+    def _episode_experience(self) -> Experience:
+        """The episode's experience as one batch (logged once per episode), and its shuffling generator."""
+        if self._experience is None:
+            self._experience = concat_experiences(self.data_buffer.items, self.tokenizer.pad_token_id)
+            self._log_episode(self._experience)
+            self._generator = torch.Generator().manual_seed(self.config.train.seed + self.num_episodes_done)
+        return self._experience
 
     def _minibatches(self) -> list[Experience]:
-        order = torch.randperm(len(self._experience), generator=self._generator)
-        return self._experience.select(order).split(self.options.mini_batch_size)
+        experience = self._episode_experience()
+        order = torch.randperm(len(experience), generator=self._generator)
+        minibatches = experience.select(order).split(self.options.mini_batch_size)
+        return minibatches[:1] if self.sample_buffer else minibatches  # sampling: one random minibatch per step
 
     def _learn(self, update_step: int) -> None:
         for minibatch in self._minibatches():
-            with self._learn_batch_ctx():
-                self.last_metrics = self.learn_minibatch(minibatch)
-                self.global_step += 1
-                if self.global_step % self.config.train.log_interval == 0:
-                    self.tracker.log_metrics(self.last_metrics, self.global_step)
+            self._on_learn_batch_start()
+            self.last_metrics = self.learn_minibatch(minibatch)
+            self._on_learn_batch_end(minibatch)
+            self.global_step += 1
+            if self.global_step % self.config.train.log_interval == 0:
+                self.tracker.log_metrics(self.last_metrics, self.global_step)
 
     def learn_minibatch(self, minibatch: Experience) -> dict[str, float]:
         """One optimizer step of the actor (and critic) on a minibatch; returns its metrics."""
-        micro_batches = [m.as_batch() for m in minibatch.to(self.device).split(self.config.train.micro_batch_size)]
-        if self.ptx_batches:
-            ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)]
-            for batch in micro_batches:
-                batch.update(ptx_input_ids=ptx["input_ids"].to(self.device), ptx_labels=ptx["labels"].to(self.device))
-        metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, micro_batches,
-                             self.actor_objective(), self.config.optimizer.max_grad_norm)
+        ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)] if self.ptx_batches else None
+        batches = micro_batches(minibatch, self.config.train.micro_batch_size, self.device, ptx,
+                                self.dataloader_pin_memory)
+        metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
+                             build_actor_objective(self.config), self.config.optimizer.max_grad_norm)
         if self.critic is not None:
             critic_metrics = train_step(self.critic_booster, self.critic, self.critic_optimizer, self.critic_scheduler,
-                                        micro_batches, self.critic_objective(),
+                                        batches, build_critic_objective(self.config),
                                         self.config.optimizer.max_grad_norm)
-            metrics.update({k if k.startswith("value") else f"critic/{k}": v for k, v in critic_metrics.items()})
+            metrics.update(critic_metric_names(critic_metrics))
         return metrics
-
-    def actor_objective(self) -> Any:
-        options = self.config.ppo
-        return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
-
-    def critic_objective(self) -> Any:
-        return PPOCriticObjective(cliprange_value=self.config.ppo.cliprange_value, vf_coef=self.config.ppo.vf_coef)
 
     def _log_episode(self, experience: Experience) -> None:
         mask = experience.action_mask.float()
@@ -186,16 +255,17 @@ class PPOTrainer(OLTrainer):
             parts["critic"] = (self.critic, self.critic_optimizer, self.critic_scheduler)
         return parts
 
-    def _should_save(self, episode: int) -> bool:
-        return super()._should_save(episode) or episode + 1 == self.stop_after_episodes
+    def _should_save(self, episodes_done: int) -> bool:
+        return super()._should_save(episodes_done) or episodes_done == self.stop_after_episodes
 
     def _save_checkpoint(self, episode: int) -> None:
-        state = {"episode": episode + 1, "global_step": self.global_step, "kl_coef": self.kl_controller.value,
+        """Save after `episode` episodes (the seed passes `episode + 1`: the count done, 1-based)."""
+        state = {"episode": episode, "global_step": self.global_step, "kl_coef": self.kl_controller.value,
                  **self.prompts.position()}
-        is_last = episode + 1 >= self.options.num_episodes or episode + 1 == self.stop_after_episodes
-        self.checkpoints.save(self.components(), state, episode + 1, block=is_last)
-        if self.stop_after_episodes is not None and episode + 1 >= self.stop_after_episodes:
-            raise StopTraining(f"stopped after episode {episode + 1} as requested")
+        is_last = episode >= self.options.num_episodes or episode == self.stop_after_episodes
+        self.checkpoints.save(self.components(), state, episode, block=is_last)
+        if self.stop_after_episodes is not None and episode >= self.stop_after_episodes:
+            raise StopTraining(f"stopped after episode {episode} as requested")
 
     def restore(self, state: dict[str, Any]) -> None:
         self.num_episodes_done = state["episode"]
@@ -221,23 +291,10 @@ class PPOTrainer(OLTrainer):
 
 
 class GRPOTrainer(PPOTrainer):
-    """GRPO: `num_generations` responses per prompt, group-normalised advantages, no critic."""
+    """GRPO: `num_generations` responses per prompt, group-normalised advantages, no critic.
 
-    def _make_kl_controller(self) -> AdaptiveKLController:
-        return AdaptiveKLController(0.0, None, 1)  # GRPO's KL is in the loss (beta), not the reward
-
-    @torch.no_grad()
-    def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:
-        mask = batch["action_mask"].float()
-        options = self.config.grpo
-        advantages = group_advantages(scores, options.num_generations, scale=options.scale_rewards)  # (B,)
-        return Experience(**batch, scores=scores, old_logps=response_logps(self.actor, batch) * mask,
-                          ref_logps=response_logps(self.ref_model, batch) * mask,
-                          advantages=advantages[:, None] * mask, version=version)
-
-    def actor_objective(self) -> Any:
-        options = self.config.grpo
-        return GRPOObjective(epsilon=options.epsilon, beta=options.beta, loss_aggregation=options.loss_aggregation)
+    Everything GRPO-specific is chosen from the config by the shared functions above.
+    """
 
 
 def trainer_class(config: OnlineStageConfig) -> type[PPOTrainer]:
