@@ -3,11 +3,16 @@
 The checkpoint root is a local path or an `s3://` URI (through `trainer.storage`).
 Layout of one checkpoint, `step-00000042/`: for each trained component NAME (`model` for the
 supervised stages, `actor` and `critic` for PPO) `NAME.pt`, `NAME.optimizer.pt` and
-`NAME.scheduler.pt` (full state dicts, see `Booster`); `rng-rank<R>.pt` (each rank's
-python/numpy/torch RNG states); and `trainer_state.json` (the loop position), written last as the
-checkpoint's completion marker. Only then does rank 0 replace the `latest` pointer (atomically),
+`NAME.scheduler.pt` (full state dicts, see `Booster`); `rng-rank<R>.safetensors` (each rank's
+torch/CUDA RNG states as tensors, its python/numpy states as JSON metadata); and
+`trainer_state.json` (the loop position), written last as the checkpoint's completion marker.
+Only then does rank 0 replace the `latest` pointer (atomically),
 so a reader never picks up a half-written checkpoint; a crash or a failed upload mid-save leaves
 the previous `latest`. Older checkpoints are deleted only after a newer one is complete.
+
+Checkpoints sit where others can write, so resuming unpickles nothing (see `trainer.serialization`):
+the state dicts are read with `torch.load(weights_only=True)`, the rest as safetensors and JSON, and
+a file that is not what its name says is a `CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
@@ -28,6 +34,7 @@ import torch.distributed as dist
 from trainer.booster import Booster
 from trainer.errors import CheckpointError
 from trainer.runtime import barrier
+from trainer.serialization import dump_tensors, load_json, load_tensors, refusing_pickled_objects
 from trainer.storage import get_storage, join_uri
 from trainer.storage.base import is_remote
 from trainer.storage.transfer import download_prefix, upload_dir
@@ -36,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
+STEP_NAME = re.compile(r"step-\d{8,}")
 
 # (model, optimizer, lr scheduler) of one trained network.
 ModelParts = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
@@ -79,6 +87,37 @@ def copy_tensors(obj: Any) -> Any:
     return obj
 
 
+def rng_state_file(rank: int) -> str:
+    return f"rng-rank{rank}.safetensors"
+
+
+def encode_rng_state(state: dict[str, Any]) -> bytes:
+    """A `capture_rng_state` dict as safetensors: torch/CUDA states as tensors, python/numpy as JSON."""
+    tensors = {"torch": state["torch"], **{f"cuda.{i}": s for i, s in enumerate(state.get("cuda", []))}}
+    version, internal, gauss_next = state["python"]
+    generator, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    metadata = {"python": json.dumps([version, list(internal), gauss_next]),
+                "numpy": json.dumps([generator, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)])}
+    return dump_tensors(tensors, metadata)
+
+
+def decode_rng_state(payload: bytes, name: str) -> dict[str, Any]:
+    """The inverse of `encode_rng_state`; CheckpointError naming `name` when the file is not one."""
+    tensors, metadata = load_tensors(payload, name, CheckpointError)
+    try:
+        version, internal, gauss_next = json.loads(metadata["python"])
+        generator, keys, position, has_gauss, cached_gaussian = json.loads(metadata["numpy"])
+        state = {"python": (version, tuple(internal), gauss_next),
+                 "numpy": (generator, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian),
+                 "torch": tensors["torch"]}
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{name}: not an RNG state file ({type(err).__name__}: {err})") from err
+    cuda = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k.split(".", 1)[1]))
+    if cuda:
+        state["cuda"] = [tensors[k] for k in cuda]
+    return state
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -112,7 +151,10 @@ class CheckpointManager:
         pointer = join_uri(self.root, LATEST)
         if not self.storage.exists(pointer):
             return None
-        directory = join_uri(self.root, self.storage.read_bytes(pointer).decode().strip())
+        name = self.storage.read_bytes(pointer).decode(errors="replace").strip()
+        if not STEP_NAME.fullmatch(name):  # a pointer elsewhere (`../other-run`) is not followed
+            raise CheckpointError(f"{pointer} holds {name[:80]!r}, expected a checkpoint name like step-00000042")
+        directory = join_uri(self.root, name)
         if not self.storage.exists(join_uri(directory, STATE_FILE)):
             raise CheckpointError(f"{pointer} names {directory}, which has no {STATE_FILE}")
         return directory
@@ -136,7 +178,7 @@ class CheckpointManager:
             files[f"{name}.optimizer.pt"] = booster.full_optimizer_state_dict(optimizer)
             files[f"{name}.scheduler.pt"] = scheduler.state_dict()
         for rank, rng_state in enumerate(gather_objects(capture_rng_state())):
-            files[f"rng-rank{rank}.pt"] = rng_state
+            files[rng_state_file(rank)] = encode_rng_state(rng_state)
         if copy:
             files = copy_tensors(files)
         return {"files": files, "state": state if isinstance(state, dict) else asdict(state)}
@@ -149,7 +191,10 @@ class CheckpointManager:
             staging = Path(staging_root) / name
             staging.mkdir()
             for file_name, payload in snapshot["files"].items():
-                torch.save(payload, staging / file_name)
+                if isinstance(payload, bytes):  # already serialized (RNG states)
+                    (staging / file_name).write_bytes(payload)
+                else:
+                    torch.save(payload, staging / file_name)
             (staging / STATE_FILE).write_text(json.dumps(snapshot["state"]))
             self._remove(directory)  # left by a crash before its `latest` was written
             upload_dir(staging, directory, skip=(STATE_FILE,))
@@ -200,22 +245,38 @@ class CheckpointManager:
             return self._load_local(local, components)
 
     def _load_local(self, directory: Path, components: dict[str, ModelParts]) -> dict[str, Any]:
-        state = json.loads((directory / STATE_FILE).read_text())
+        state = load_json((directory / STATE_FILE).read_bytes(), str(directory / STATE_FILE), CheckpointError)
         for name, (model, optimizer, scheduler) in components.items():
             booster = self.boosters.get(name, self.booster)
             if not (directory / f"{name}.pt").is_file():
                 raise CheckpointError(f"{directory} has no {name}.pt: it was not written by this stage")
-            booster.load_model(model, directory / f"{name}.pt")
-            booster.load_optimizer(optimizer, directory / f"{name}.optimizer.pt")
-            booster.load_lr_scheduler(scheduler, directory / f"{name}.scheduler.pt")
-        rng_file = directory / f"rng-rank{self.booster.plugin.rank}.pt"
+            # The booster reads these with torch.load(weights_only=True): no objects, only data.
+            for load, target, file_name in ((booster.load_model, model, f"{name}.pt"),
+                                            (booster.load_optimizer, optimizer, f"{name}.optimizer.pt"),
+                                            (booster.load_lr_scheduler, scheduler, f"{name}.scheduler.pt")):
+                with refusing_pickled_objects(directory / file_name, CheckpointError):
+                    load(target, directory / file_name)
+        rank = self.booster.plugin.rank
+        rng_file, pickled_rng_file = directory / rng_state_file(rank), directory / f"rng-rank{rank}.pt"
         if rng_file.is_file():
-            restore_rng_state(torch.load(rng_file, weights_only=False))
+            self._restore_rng(rng_file)
+        elif pickled_rng_file.is_file():
+            raise CheckpointError(f"{pickled_rng_file}: RNG state as a pickle (an alignflow release before "
+                                  "safetensors RNG files, or planted); not loaded, since unpickling runs code. "
+                                  "Delete the file to resume without restoring the RNG state")
         else:
             logger.warning("%s has no RNG state for rank %d (world size changed); RNG not restored",
                            directory, self.booster.plugin.rank)
         logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
         return state
+
+    @staticmethod
+    def _restore_rng(path: Path) -> None:
+        state = decode_rng_state(path.read_bytes(), str(path))
+        try:
+            restore_rng_state(state)
+        except (ValueError, TypeError, RuntimeError) as err:
+            raise CheckpointError(f"{path}: not a valid RNG state ({type(err).__name__}: {err})") from err
 
     def _step_names(self) -> list[str]:
         prefix = self.root + "/"

@@ -167,5 +167,5 @@ def test_experience_buffer_and_weight_versions_work_on_s3(bucket):
     assert latest_version(weights) == 2
     version, state = load_version(weights)
     assert version == 2 and torch.equal(state["w"], torch.full((2,), 2.0))
-    assert sorted(keys(bucket, "weights")) == ["weights/LATEST", "weights/version-00000001.pt",
-                                              "weights/version-00000002.pt"]
+    assert sorted(keys(bucket, "weights")) == ["weights/LATEST", "weights/version-00000001.safetensors",
+                                              "weights/version-00000002.safetensors"]

@@ -94,3 +94,19 @@ def test_load_restores_weights_and_position(tmp_path):
     state = manager.load(manager.latest(), components)
     assert (state["epoch"], state["global_step"], state["samples_in_epoch"]) == (1, 7, 24)
     assert torch.equal(model.weight, saved["weight"])
+
+
+def test_rng_state_round_trips_through_its_safetensors_file_exactly():
+    import random
+
+    import numpy as np
+
+    from trainer.checkpoint import capture_rng_state, decode_rng_state, encode_rng_state, restore_rng_state
+
+    random.gauss(0, 1), np.random.standard_normal()  # cached gaussians are part of the state
+    payload = encode_rng_state(capture_rng_state())
+    expected = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3))
+    torch.manual_seed(123), random.seed(1), np.random.seed(2)
+    restore_rng_state(decode_rng_state(payload, "rng-rank0.safetensors"))
+    assert (random.random(), np.random.standard_normal(3).tolist()) == expected[:2]
+    assert torch.equal(torch.rand(3), expected[2])

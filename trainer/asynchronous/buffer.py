@@ -3,7 +3,9 @@
 - `QueueBuffer`: an in-process FIFO between an explorer thread and the `Trainer`.
 - `FileBuffer`: a directory (local or `s3://`) of batches that another process fills. Each batch
   is one whole object (a rename locally, one PUT on S3), so a reader never sees a partial one;
-  a `CLOSED` marker says the producer is done.
+  a `CLOSED` marker says the producer is done. Batches are safetensors (tensors, plus the version
+  and info as JSON metadata), never pickles: anyone who can write the prefix could otherwise run
+  code in the trainer.
 
 `get` waits at most `timeout` seconds and raises `WaitTimeout` rather than hanging; it returns
 None once the buffer is closed and drained.
@@ -11,20 +13,42 @@ None once the buffer is closed and drained.
 
 from __future__ import annotations
 
-import io
+import json
 import queue
 import time
 from pathlib import Path
 from typing import Protocol
 
-import torch
-
 from trainer.config import OnlineStageConfig
-from trainer.errors import WaitTimeout
+from trainer.errors import DataError, WaitTimeout
 from trainer.online.experience import Experience
+from trainer.serialization import dump_tensors, load_tensors
 from trainer.storage import get_storage, is_remote, join_uri
 
 CLOSED_MARKER = "CLOSED"
+BATCH_SUFFIX = ".safetensors"
+
+
+def encode_experience(experience: Experience) -> bytes:
+    """An experience batch as safetensors: its tensors, and `version`/`info` as JSON metadata."""
+    metadata = {"version": json.dumps(experience.version), "info": json.dumps(experience.info)}
+    return dump_tensors(experience.as_batch(), metadata)
+
+
+def decode_experience(payload: bytes, name: str) -> Experience:
+    """The inverse of `encode_experience`; DataError naming `name` when the file is not a batch."""
+    tensors, metadata = load_tensors(payload, name, DataError)
+    known = set(Experience.__dataclass_fields__) - {"version", "info"}
+    unknown = sorted(set(tensors) - known)
+    if unknown:
+        raise DataError(f"{name}: unknown experience fields {unknown}, expected some of {sorted(known)}")
+    try:
+        version, info = json.loads(metadata.get("version", "0")), json.loads(metadata.get("info", "{}"))
+        if not isinstance(version, int) or not isinstance(info, dict):
+            raise TypeError(f"version {version!r}, info {type(info).__name__}")
+        return Experience(**tensors, version=version, info=info)
+    except (ValueError, TypeError) as err:
+        raise DataError(f"{name}: not an experience batch ({type(err).__name__}: {err})") from err
 
 
 class ExperienceBuffer(Protocol):
@@ -58,7 +82,7 @@ class QueueBuffer:
 
 
 class FileBuffer:
-    """Batches `batch-00000001.pt`, ... under a directory or `s3://` prefix, read in order and deleted once read.
+    """Batches `batch-00000001.safetensors`, ... under a directory or `s3://` prefix, read in order and deleted once read.
 
     Every batch is one object written whole (a rename locally, one PUT on S3), so a reader never
     sees part of one.
@@ -79,15 +103,14 @@ class FileBuffer:
 
     def _batch_indices(self) -> list[int]:
         names = [uri.rsplit("/", 1)[-1] for uri in self.storage.list(self.directory)]
-        return sorted(int(n[len("batch-"):-len(".pt")]) for n in names if n.startswith("batch-") and n.endswith(".pt"))
+        return sorted(int(n[len("batch-"):-len(BATCH_SUFFIX)]) for n in names
+                      if n.startswith("batch-") and n.endswith(BATCH_SUFFIX) and n[len("batch-"):-len(BATCH_SUFFIX)].isdigit())
 
     def _uri(self, index: int) -> str:
-        return join_uri(self.directory, f"batch-{index:08d}.pt")
+        return join_uri(self.directory, f"batch-{index:08d}{BATCH_SUFFIX}")
 
     def put(self, experience: Experience) -> None:
-        payload = io.BytesIO()
-        torch.save(experience, payload)
-        self.storage.write_bytes(self._uri(self._next_write), payload.getvalue())
+        self.storage.write_bytes(self._uri(self._next_write), encode_experience(experience))
         self._next_write += 1
 
     def close(self) -> None:
@@ -111,7 +134,7 @@ class FileBuffer:
             # marker, so a closed buffer with no next batch really is drained.
             was_closed = self.is_closed()
             if self.storage.exists(uri):
-                experience = torch.load(io.BytesIO(self.storage.read_bytes(uri)), weights_only=False)
+                experience = decode_experience(self.storage.read_bytes(uri), uri)
                 self.storage.delete(uri)
                 self._next_read += 1
                 return experience

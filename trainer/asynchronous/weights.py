@@ -1,38 +1,39 @@
 """Weight sync by checkpoint: the trainer publishes numbered policy versions, explorers poll them.
 
-`weights_dir/version-00000007.pt` holds a full state dict; `weights_dir/LATEST` names the newest
-version. The directory is a local path or an `s3://` prefix; each object is written whole (a rename
+`weights_dir/version-00000007.safetensors` holds a full state dict (safetensors, never a pickle:
+whoever can write the prefix must not be able to run code in an explorer); `weights_dir/LATEST`
+names the newest version. The directory is a local path or an `s3://` prefix; each object is written whole (a rename
 locally, one PUT on S3) and `LATEST` after the version it names, so a reader sees a version only
 once it is complete.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import re
 import time
 from pathlib import Path
 
 import torch
 
 from trainer.config import OnlineStageConfig
-from trainer.errors import WaitTimeout
+from trainer.errors import CheckpointError, WaitTimeout
+from trainer.serialization import dump_tensors, load_json, load_tensors
 from trainer.storage import get_storage, join_uri
 
 LATEST = "LATEST"
+VERSION_FILE = re.compile(r"version-\d{8,}\.safetensors")
 
 
 def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], version: int) -> str:
     directory = str(directory).rstrip("/")
     storage = get_storage(directory)
-    payload = io.BytesIO()
-    torch.save(state_dict, payload)
-    name = f"version-{version:08d}.pt"
-    storage.write_bytes(join_uri(directory, name), payload.getvalue())
+    name = f"version-{version:08d}.safetensors"
+    storage.write_bytes(join_uri(directory, name), dump_tensors(state_dict))
     storage.write_bytes(join_uri(directory, LATEST), json.dumps({"version": version, "file": name}).encode())
     for uri in storage.list(directory):  # readers load the newest; keep the last two
         old = uri.rsplit("/", 1)[-1]
-        if old.startswith("version-") and old < f"version-{version - 1:08d}.pt":
+        if VERSION_FILE.fullmatch(old) and old < f"version-{version - 1:08d}.safetensors":
             storage.delete(uri)
     return join_uri(directory, name)
 
@@ -40,7 +41,13 @@ def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], 
 def _read_latest(directory: str | Path) -> dict | None:
     storage = get_storage(directory)
     pointer = join_uri(directory, LATEST)
-    return json.loads(storage.read_bytes(pointer)) if storage.exists(pointer) else None
+    if not storage.exists(pointer):
+        return None
+    entry = load_json(storage.read_bytes(pointer), pointer, CheckpointError)
+    if not isinstance(entry.get("version"), int) or not VERSION_FILE.fullmatch(str(entry.get("file"))):
+        raise CheckpointError(f"{pointer}: expected {{\"version\": N, \"file\": \"version-N.safetensors\"}}, "
+                              f"found {json.dumps(entry)[:200]}")
+    return entry
 
 
 def latest_version(directory: str | Path) -> int:
@@ -65,8 +72,8 @@ def load_version(directory: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
     entry = _read_latest(directory)
     if entry is None:
         raise WaitTimeout(f"{directory}: no weight version published")
-    payload = get_storage(directory).read_bytes(join_uri(directory, entry["file"]))
-    return entry["version"], torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    uri = join_uri(directory, entry["file"])
+    return entry["version"], load_tensors(get_storage(directory).read_bytes(uri), uri, CheckpointError)[0]
 
 
 def weights_dir(config: OnlineStageConfig) -> str:

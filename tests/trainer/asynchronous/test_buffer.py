@@ -135,7 +135,7 @@ def test_file_buffer_put_leaves_no_temporary_files(tmp_path):
     buffer = FileBuffer(tmp_path)
     buffer.put(make_experience(1))
     buffer.put(make_experience(2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch-00000001.pt", "batch-00000002.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch-00000001.safetensors", "batch-00000002.safetensors"]
 
 
 def test_file_buffer_reset_drops_batches_and_the_closed_marker(tmp_path):
@@ -149,7 +149,7 @@ def test_file_buffer_reset_drops_batches_and_the_closed_marker(tmp_path):
     assert_times_out_quickly(buffer.get)  # neither the old batches nor the marker are seen
     fresh = make_experience(3)
     buffer.put(fresh)  # numbering restarts at 1
-    assert (tmp_path / "batch-00000001.pt").exists()
+    assert (tmp_path / "batch-00000001.safetensors").exists()
     assert_same_experience(buffer.get(TIMEOUT), fresh)
 
 
@@ -232,7 +232,7 @@ def test_publish_then_load_round_trips_the_newest_version(tmp_path):
 def test_publish_keeps_only_the_newest_two_versions_and_no_temporary_files(tmp_path):
     for version in range(4):
         publish_weights(tmp_path, state_dict_for(version), version)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "version-00000002.pt", "version-00000003.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "version-00000002.safetensors", "version-00000003.safetensors"]
 
 
 def test_wait_for_version_times_out_when_nothing_is_published(tmp_path):
