@@ -4,7 +4,10 @@ Each replica runs its container's command with the environment the Training Oper
 (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and torchrun's PET_NNODES, PET_NPROC_PER_NODE,
 PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT), so the command a cluster runs is the command that
 runs here. `restartPolicy` and `runPolicy.backoffLimit` are honoured by restarting the whole job;
-images, GPU requests, node selectors and volumes have no meaning locally and are ignored (said once).
+images, GPU requests, node selectors, security contexts and volumes have no meaning locally and are
+ignored (said once). An elastic job (Worker replicas with an elasticPolicy) runs with the same static
+rendezvous on 127.0.0.1. Environment values read from Secrets (secretKeyRef) are taken from this
+process's environment.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ def _free_port() -> int:
 
 
 def _replicas(manifest: dict) -> list[tuple[str, int, dict]]:
-    """(replica type, node rank, container) for every pod the operator would create; Master is rank 0."""
+    """(replica type, node rank, container) for every pod the operator would create.
+
+    Master is rank 0; an elastic job has Workers only, and worker-0 is rank 0 (it hosts the
+    rendezvous on a cluster). Locally every job uses torchrun's static rendezvous on this machine.
+    """
     specs = manifest["spec"]["pytorchReplicaSpecs"]
     pods, rank = [], 0
     for replica_type in ("Master", "Worker"):
@@ -56,8 +63,12 @@ def _environment(container: dict, rank: int, num_nodes: int, nproc: str, port: i
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = item["value"]
-        elif item["name"] not in os.environ:  # a secretKeyRef: locally it comes from this environment
-            logger.warning("local mode: %s comes from a Secret on Kubernetes and is not set here", item["name"])
+            continue
+        # A secretKeyRef: locally its value comes from this process's environment, as it is.
+        reference = item.get("valueFrom", {}).get("secretKeyRef", {})
+        if item["name"] not in os.environ and not reference.get("optional"):
+            logger.warning("local mode: %s comes from Secret %s on Kubernetes and is not set here", item["name"],
+                           reference.get("name"))
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(num_nodes), RANK=str(rank),
                PET_NNODES=str(num_nodes), PET_NPROC_PER_NODE=nproc, PET_NODE_RANK=str(rank),
                PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
@@ -106,7 +117,8 @@ def run_local(manifest: dict, *, timeout: float, log: Callable[[str], None] = pr
     images = sorted({container.get("image", "") for _, _, container in pods})
     logger.info("local mode: running %s as %d local process group(s); image %s and GPU/node settings are "
                 "ignored here", name, len(pods), ", ".join(images))
-    replica_spec = manifest["spec"]["pytorchReplicaSpecs"]["Master"]
+    replica_specs = manifest["spec"]["pytorchReplicaSpecs"]
+    replica_spec = replica_specs.get("Master") or replica_specs["Worker"]
     restart_policy = replica_spec.get("restartPolicy", "Never")
     backoff_limit = manifest["spec"].get("runPolicy", {}).get("backoffLimit", 0)
     deadline = time.monotonic() + timeout

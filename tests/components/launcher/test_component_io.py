@@ -20,8 +20,9 @@ def test_every_stage_job_validates_against_the_crd(stage):
     job = stage_manifest(stage, f"s3://runs/abc/alignflow-jobs/{stage}/{stage}.yaml", "abc-123", stage, cluster)
     pytorchjob_validator().validate(job)
     assert job["metadata"]["labels"]["alignflow/run"] == "abc-123"  # what the exit handler deletes by
-    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["command"][:4] == ["torchrun", "-m", "trainer", stage]
+    assert job["spec"]["elasticPolicy"]["minReplicas"] == job["spec"]["elasticPolicy"]["maxReplicas"] == 2
 
 
 def test_job_root_survives_a_retry_on_a_cluster():

@@ -26,11 +26,14 @@ def test_two_replica_job_trains_across_both(tmp_path, tiny_model, task_files):
     config = stage_dict("sft", tmp_path / "out", tiny_model, task_files["sft_train"], train={"max_steps": 3},
                         parallel={"plugin": "ddp"})
     lines: list[str] = []
-    result = run_local(job_for(tmp_path, config), timeout=300, log=lines.append)
+    job = job_for(tmp_path, config)
+    result = run_local(job, timeout=300, log=lines.append)
 
     assert result.attempts == 1
     assert (tmp_path / "out" / "model" / "config.json").is_file()
-    assert any(line.startswith("[master-0]") for line in lines)
+    # Two nodes make an elastic job (Worker replicas only); locally it runs with a static rendezvous.
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"] and "elasticPolicy" in job["spec"]
+    assert any(line.startswith("[worker-0]") for line in lines)
     assert any(line.startswith("[worker-1]") for line in lines)
     params = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert params["parallel"]["plugin"] == "ddp"
