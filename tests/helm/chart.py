@@ -96,3 +96,30 @@ def containers(spec: dict) -> list[dict]:
 def one(documents: list[dict], kind: str) -> dict:
     [document] = [d for d in documents if d["kind"] == kind]
     return document
+
+
+def expand_kubelet_references(text: str, variables: dict[str, str]) -> str:
+    """The kubelet's expansion of `$(NAME)` in args and env values (Kubernetes
+    third_party/forked/golang/expansion/expand.go): `$$` is a literal `$`, `$(NAME)` of a defined variable
+    is its value, anything else is kept as written."""
+    out, checkpoint, cursor = [], 0, 0
+    while cursor < len(text):
+        if text[cursor] == "$" and cursor + 1 < len(text):
+            out.append(text[checkpoint:cursor])
+            rest = text[cursor + 1:]
+            if rest[0] == "$":
+                read, advance = "$", 1
+            elif rest[0] == "(":
+                closer = rest.find(")", 1)
+                if closer == -1:
+                    read, advance = "$(", 1
+                else:
+                    name = rest[1:closer]
+                    read, advance = variables.get(name, f"$({name})"), closer + 1
+            else:
+                read, advance = "$" + rest[0], 1
+            out.append(read)
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    return "".join(out) + text[checkpoint:]

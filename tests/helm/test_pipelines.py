@@ -1,7 +1,7 @@
 """The upload Job and the retrain CronJob run `alignflow` without a shell: values reach it as data.
 
 A container runtime execs `command + args` as they are; the only rewriting before that is the kubelet's
-`$(NAME)` expansion, reproduced here (`expand_kubelet_references`). The tests then exec the rendered argv
+`$(NAME)` expansion, reproduced by `expand_kubelet_references` (tests/helm/chart.py). The tests then exec the rendered argv
 with `alignflow` replaced by a stand-in that parses it with the real CLI parser and records what it got.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helm.chart import containers, one, pods, render
+from tests.helm.chart import containers, expand_kubelet_references, one, pods, render
 
 HOSTILE = {
     "single": "it's'; touch single-quote-marker; echo '",
@@ -42,33 +42,6 @@ record = {"argv": sys.argv[1:], "command": args.command, "pipeline": args.pipeli
 with open("received.jsonl", "a") as out:
     out.write(json.dumps(record) + "\\n")
 """
-
-
-def expand_kubelet_references(text: str, variables: dict[str, str]) -> str:
-    """The kubelet's expansion of `$(NAME)` in args and env values (Kubernetes
-    third_party/forked/golang/expansion/expand.go): `$$` is a literal `$`, `$(NAME)` of a defined variable
-    is its value, anything else is kept as written."""
-    out, checkpoint, cursor = [], 0, 0
-    while cursor < len(text):
-        if text[cursor] == "$" and cursor + 1 < len(text):
-            out.append(text[checkpoint:cursor])
-            rest = text[cursor + 1:]
-            if rest[0] == "$":
-                read, advance = "$", 1
-            elif rest[0] == "(":
-                closer = rest.find(")", 1)
-                if closer == -1:
-                    read, advance = "$(", 1
-                else:
-                    name = rest[1:closer]
-                    read, advance = variables.get(name, f"$({name})"), closer + 1
-            else:
-                read, advance = "$" + rest[0], 1
-            out.append(read)
-            cursor += advance
-            checkpoint = cursor + 1
-        cursor += 1
-    return "".join(out) + text[checkpoint:]
 
 
 def container_variables(container: dict, config_map: dict) -> dict[str, str]:
