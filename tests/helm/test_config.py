@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from tests.helm.chart import containers, one, pods, render
 
-KEYS = {"ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
+KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
         "ALIGNFLOW_S3_BUCKET", "ALIGNFLOW_S3_SECRET", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI",
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
         "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
@@ -24,6 +25,7 @@ def config(values: dict) -> dict[str, str]:
 
 def test_defaults():
     assert config({}) == {
+        "ALIGNFLOW_DEFAULTS_CONFIGMAP": "af-alignflow-defaults",
         "ALIGNFLOW_LAUNCHER_IMAGE": "ghcr.io/alignflow/launcher:latest",
         "ALIGNFLOW_TRAINER_IMAGE": "ghcr.io/alignflow/trainer:latest",
         "ALIGNFLOW_SERVICE_ACCOUNT": "af-alignflow",
@@ -33,6 +35,7 @@ def test_defaults():
         "AWS_ENDPOINT_URL": "",
         "AWS_DEFAULT_REGION": "us-east-1",
         "MLFLOW_TRACKING_URI": "",
+        "ALIGNFLOW_MLFLOW_SECRET": "",
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL": "",
         "KFP_HOST": "http://ml-pipeline.kubeflow:8888",
         "KFP_NAMESPACE": "",
@@ -54,7 +57,7 @@ def test_configured_platform():
                    "trainer": {"repository": "registry.corp/ml/trainer", "tag": "1.2"}},
         "serviceAccount": {"name": "alignflow-runner"},
         "s3": {"endpoint": "http://minio.storage:9000", "region": "eu-west-1", "credentialsSecret": "s3-keys"},
-        "mlflow": {"enabled": True, "externalUrl": "https://mlflow.corp.example"},
+        "mlflow": {"enabled": True, "externalUrl": "https://mlflow.corp.example", "credentialsSecret": "mlflow-auth"},
         "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "resourceName": "nvidia.com/mig-1g.10gb",
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
         "scheduling": {"priorityClassName": "training", "kueueQueue": "gpu-queue"},
@@ -71,6 +74,7 @@ def test_configured_platform():
     assert data["ALIGNFLOW_S3_SECRET"] == "s3-keys"
     assert data["MLFLOW_TRACKING_URI"] == "http://af-alignflow-mlflow.ml.svc:5000"
     assert data["ALIGNFLOW_MLFLOW_EXTERNAL_URL"] == "https://mlflow.corp.example"
+    assert data["ALIGNFLOW_MLFLOW_SECRET"] == "mlflow-auth"
     assert json.loads(data["ALIGNFLOW_NODE_SELECTOR"]) == {"nvidia.com/gpu.present": "true"}
     assert json.loads(data["ALIGNFLOW_TOLERATIONS"]) == [{"key": "nvidia.com/gpu", "operator": "Exists",
                                                           "effect": "NoSchedule"}]
@@ -90,6 +94,17 @@ def test_keys_are_environment_variable_names_the_jobs_load():
     for where, spec in pods(documents):
         for container in containers(spec):
             assert {"configMapRef": {"name": config_map["metadata"]["name"]}} in container["envFrom"], where
+
+
+def test_every_key_the_pipelines_map_into_component_pods_exists():
+    """pipelines/options.py maps DEFAULTS_KEYS into each component pod with configMapKeyRefs, which are not
+    optional: a key missing here would stop every component pod from starting."""
+    tree = ast.parse((Path(__file__).parents[2] / "pipelines" / "options.py").read_text())
+    [keys] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "DEFAULTS_KEYS" for t in node.targets)]
+    data = config({})
+    assert set(keys) <= set(data), set(keys) - set(data)
+    assert data["ALIGNFLOW_DEFAULTS_CONFIGMAP"] == one(render({}), "ConfigMap")["metadata"]["name"]
 
 
 def test_components_read_the_image_keys():
