@@ -7,6 +7,7 @@ with `alignflow` replaced by a stand-in that parses it with the real CLI parser 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -174,3 +175,12 @@ def test_param_names_that_would_not_parse_as_key_value_are_rejected(key):
 
     with pytest.raises(helm_python.HelmValuesError):
         render({"retrain": {"enabled": True, "params": {key: 1}}})
+
+
+@pytest.mark.parametrize("pipeline", ["rlhf-ppo", "rlhf-dpo", "rlhf-grpo"])
+def test_the_parameters_the_chart_adds_are_parameters_of_the_pipeline(pipeline):
+    """KFP refuses a run with an unknown parameter: what the chart always passes must exist in each pipeline."""
+    source = Path(__file__).parents[2] / "pipelines" / f"{pipeline.replace('-', '_')}.py"
+    [function] = [node for node in ast.parse(source.read_text()).body if isinstance(node, ast.FunctionDef)
+                  and any("pipeline" in ast.unparse(decorator) for decorator in node.decorator_list)]
+    assert set(chart_params()) <= {argument.arg for argument in function.args.args}
