@@ -1,6 +1,6 @@
 """`alignflow`: run a pipeline on this machine, compile it, or send it to Kubeflow Pipelines.
 
-    alignflow run [PIPELINE] [--param key=value ...] [--root DIR]
+    alignflow run [PIPELINE] [--preset tiny] [--param key=value ...] [--root DIR]
     alignflow compile PIPELINE -o pipeline.yaml
     alignflow submit PIPELINE --host URL [--param key=value ...] [--experiment NAME] [--wait]
     alignflow schedule PIPELINE --host URL --cron "0 3 * * *" [--param key=value ...]
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline", nargs="?", default="rlhf-dpo", help="Pipeline name (default rlhf-dpo).")
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Pipeline parameter.")
     run.add_argument("--root", type=Path, default=Path("alignflow-runs"), help="Local pipeline root.")
+    run.add_argument("--preset", default=None, help="Named parameter set, e.g. `tiny` (the offline tiny model "
+                                                    "and addition task that `make demo` runs).")
     compile_ = commands.add_parser("compile", help="Compile a pipeline to a KFP package (YAML).")
     compile_.add_argument("pipeline", help="Pipeline name.")
     compile_.add_argument("-o", "--output", type=Path, required=True, help="Where to write the package.")
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from pipelines.local_run import run_and_summarise
 
-            print(run_and_summarise(args.pipeline, args.root, parse_params(args.param)))
+            print(run_and_summarise(args.pipeline, args.root, parse_params(args.param), args.preset))
     except AlignflowError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipelines.registry import get_pipeline
 
-LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0}
+LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0, "trainer_image": "alignflow-trainer:latest"}
 
 
 class _TaskProgress(logging.Filter):
@@ -51,8 +51,17 @@ class _TaskProgress(logging.Filter):
             self.done.append(match.group(1))
 
 
-def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:
-    """Run pipeline `name` under `root`; return the run's folder."""
+def local_arguments(name: str, root: Path, arguments: dict[str, Any], preset: str | None) -> dict[str, Any]:
+    """The parameters of a local run: local launcher on CPU, then the preset's, then the caller's."""
+    from pipelines.presets import preset_arguments
+
+    accepted = set(get_pipeline(name).component_spec.inputs or {})
+    chosen = preset_arguments(preset, name, root, accepted) if preset else {}
+    return {**LOCAL_ARGUMENTS, **chosen, **arguments}
+
+
+def run_locally(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None) -> Path:
+    """Run pipeline `name` under `root` (with a preset's parameters, e.g. `tiny`); return the run's folder."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -60,7 +69,7 @@ def run_locally(name: str, root: Path, arguments: dict[str, Any]) -> Path:
         progress = _TaskProgress(status)
         logging.getLogger().addFilter(progress)
         try:
-            return _run(name, root, arguments)
+            return _run(name, root, local_arguments(name, root.resolve(), arguments, preset))
         finally:
             logging.getLogger().removeFilter(progress)
 
@@ -120,7 +129,7 @@ def format_summary(summary: dict[str, dict], elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def run_and_summarise(name: str, root: Path, arguments: dict[str, Any]) -> str:
+def run_and_summarise(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None) -> str:
     started = time.time()
-    run_dir = run_locally(name, root, arguments)
+    run_dir = run_locally(name, root, arguments, preset)
     return format_summary(task_outputs(run_dir, started), time.time() - started)

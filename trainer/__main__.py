@@ -1,4 +1,4 @@
-"""`python -m trainer {sft,rm,dpo,ppo,grpo} --config stage.yaml [--set key=value ...]`.
+"""`python -m trainer {sft,rm,dpo,ppo,grpo,evaluate} --config stage.yaml [--set key=value ...]`.
 
 The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
 leaves the process group; a bad config or bad data ends with one message (a line per problem)
@@ -13,7 +13,8 @@ import sys
 
 import torch.distributed as dist
 
-from trainer.config import STAGE_CONFIGS, describe_fields, load_config
+from trainer import preemption
+from trainer.config import COMMAND_CONFIGS, describe_fields, load_config
 from trainer.errors import AlignflowError, ConfigError
 from trainer.runtime import read_distributed_env, setup_logging
 
@@ -24,7 +25,8 @@ ONLINE_STAGES = ("ppo", "grpo")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer", description="Run one alignflow training stage.")
-    parser.add_argument("stage", choices=sorted(STAGE_CONFIGS), help="Which stage to run.")
+    parser.add_argument("stage", choices=sorted(COMMAND_CONFIGS),
+                        help="Which stage to run (or `evaluate`: score a model against a baseline).")
     parser.add_argument("--config", help="Stage config YAML.")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="Override a config field by its dotted key, e.g. --set optimizer.lr=1e-4 (repeatable).")
@@ -55,7 +57,7 @@ def run_online(config, args: argparse.Namespace, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.help_config:
-        print("\n".join(describe_fields(STAGE_CONFIGS[args.stage])))
+        print("\n".join(describe_fields(COMMAND_CONFIGS[args.stage])))
         return 0
     if not args.config:
         print("error: --config is required", file=sys.stderr)
@@ -67,16 +69,24 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--mode {args.mode} is for ppo and grpo; {args.stage} runs colocated only")
         if args.stage in ONLINE_STAGES:
             run_online(config, args, sys.argv[1:] if argv is None else argv)
+        elif args.stage == "evaluate":
+            from trainer.online.evaluate import run_evaluation
+
+            run_evaluation(config)
         else:
             from trainer.supervised.stages import run_stage
 
             run_stage(config, stop_after_steps=args.stop_after_steps)
     except AlignflowError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+        return getattr(err, "exit_code", 2)  # RunFinished: 0
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if preemption.stopped_by_signal():  # stopped early with a checkpoint: 143 (SIGTERM) or 130 (SIGINT)
+        print(f"Preempted: stopped with a checkpoint by signal {preemption.signal_received()}; rerun the same "
+              f"command to resume (exit status {preemption.exit_code()})", file=sys.stderr)
+        return preemption.exit_code()
     return 0
 
 

@@ -15,19 +15,40 @@ accepted key does something in the stage that accepts it.
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainer.errors import ConfigError, StorageError
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field typed `annotation` may hold True/False (pydantic would read True as 1 for an int)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return any(_admits_bool(arg) for arg in get_args(annotation))
+    if origin is Literal:
+        return any(isinstance(arg, bool) for arg in get_args(annotation))
+    return False
+
+
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+    """Base of every config section: unknown keys are errors, assignments are re-validated, and a
+    boolean is never accepted as a number (`micro_batch_size: true` is an error, not 1)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and not _admits_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError("a number, not a boolean")
+        return value
 
 
 class LoraConfig(Section):
@@ -70,7 +91,7 @@ class OptimizerConfig(Section):
 
 
 class RunLoopConfig(Section):
-    micro_batch_size: int = Field(8, gt=0, description="Samples (or pairs, or sequences) per rank per forward pass.")
+    micro_batch_size: int = Field(8, gt=0, description="Samples (or pairs) per rank per forward pass.")
     seed: int = Field(42, description="Seeds model init, data order and sampling; the same seed repeats a run.")
     mixed_precision: Literal["auto", "bf16", "no"] = Field(
         "auto", description="bf16 autocast; `auto` uses it on CUDA devices that support it and fp32 elsewhere."
@@ -82,27 +103,117 @@ class TrainConfig(RunLoopConfig):
     max_epochs: int = Field(1, gt=0, description="Passes over the training data.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps; null runs all epochs.")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    max_nonfinite_steps: int = Field(
+        10, ge=0, description="Optimizer steps in a row that may be skipped for a non-finite (NaN/inf) loss or "
+        "gradient norm before the run fails; each skipped step is counted in `train/nonfinite_skipped`. "
+        "A run that ends inside such a streak is not exported.",
+    )
 
 
 class OnlineTrainConfig(RunLoopConfig):
-    """The loop of an online stage: its length is `<stage>.num_episodes`; a minibatch is split into
-    micro-batches of `micro_batch_size` sequences whose gradients add up to one optimizer step."""
+    """The loop of an online stage: its length is `<stage>.num_episodes`."""
+
+    micro_batch_size: int = Field(
+        8, gt=0, description="Sequences per rank per forward pass; a minibatch is split into these for one step."
+    )
 
 
 class CheckpointConfig(Section):
     save_interval: int = Field(0, ge=0, description="Save every this many optimizer steps; 0 saves at epoch ends only.")
-    resume: bool = Field(True, description="Resume from the latest complete checkpoint in `output_dir` if there is one.")
+    resume: bool = Field(
+        True, description="Resume from the latest complete checkpoint in `output_dir` if there is one. With false, "
+        "a run into an `output_dir` that has checkpoints refuses to start unless `overwrite` is true."
+    )
+    overwrite: bool = Field(
+        False, description="With `resume: false`: delete the checkpoints, metrics and model a previous run left in "
+        "`output_dir` and start over. Needs `resume: false`."
+    )
     keep_last: int = Field(2, ge=0, description="Checkpoints to keep; older ones are deleted after a newer one is complete. 0 keeps all.")
+    preemption_grace_seconds: float = Field(
+        20.0, gt=0, description="After SIGTERM or SIGINT the run finishes its step, writes a blocking checkpoint "
+        "and exits with status 128 + signal (143 for SIGTERM); if that takes longer than this many seconds it "
+        "exits anyway with the same status and resumes from the previous checkpoint. Keep it below the pod's "
+        "terminationGracePeriodSeconds (Kubernetes default 30)."
+    )
+    lease_timeout_seconds: float = Field(
+        60.0, gt=0, description="A run holds `output_dir` with a lease (`lease.json`) it renews every quarter of "
+        "this; a second run fails at once while the lease is fresh and takes it over once it is older than this "
+        "(at once when the holder is a dead process on the same host)."
+    )
+
+    @model_validator(mode="after")
+    def _check_overwrite(self) -> CheckpointConfig:
+        if self.overwrite and self.resume:
+            raise ValueError("overwrite is true but resume is true; set resume: false to start over")
+        return self
 
 
 class OnlineCheckpointConfig(CheckpointConfig):
     save_interval: int = Field(0, ge=0, description="Save every this many episodes; 0 saves at the end only.")
 
 
+class ColossalAIConfig(Section):
+    """ColossalAI's booster plugin (`parallel.plugin: colossalai`; needs the `colossalai` extra, see README)."""
+
+    plugin: Literal["torch_ddp", "low_level_zero", "gemini", "hybrid_parallel"] = Field(
+        "torch_ddp", description="ColossalAI plugin: `torch_ddp` (the one that runs on CPU), `low_level_zero` "
+        "(ZeRO-1/2), `gemini` (chunked ZeRO-3 with placement), `hybrid_parallel` (tensor parallel + ZeRO). "
+        "All but `torch_ddp` need CUDA and cast the model to `train.mixed_precision` themselves.",
+    )
+    zero_stage: int = Field(
+        1, ge=0, le=2, description="ZeRO stage: 1 shards optimizer states, 2 also gradients (0: none). Only for "
+        "`low_level_zero` (1 or 2) and `hybrid_parallel` (0 to 2); setting it for another plugin is an error.",
+    )
+    tp_size: int = Field(
+        1, gt=0, description="Tensor-parallel degree of `hybrid_parallel` (the number of processes must be a "
+        "multiple); those ranks see the same samples. Supervised stages only. Pipeline parallelism is not offered: "
+        "its schedule replaces the model call the objectives make.",
+    )
+    cpu_offload: bool = Field(
+        False, description="Keep optimizer states (and fp32 master weights) in CPU memory: `low_level_zero` and "
+        "`hybrid_parallel` (ZeRO offload), `gemini` (all optimizer state offloaded).",
+    )
+
+    @model_validator(mode="after")
+    def _check_plugin_knobs(self) -> ColossalAIConfig:
+        if "zero_stage" in self.model_fields_set and self.plugin not in ("low_level_zero", "hybrid_parallel"):
+            raise ValueError(f"zero_stage is set but plugin is {self.plugin!r}; it applies to low_level_zero and "
+                             "hybrid_parallel")
+        if self.plugin == "low_level_zero" and self.zero_stage == 0:
+            raise ValueError("zero_stage is 0 but low_level_zero shards: use 1 or 2 (or plugin torch_ddp)")
+        if self.tp_size > 1 and self.plugin != "hybrid_parallel":
+            raise ValueError(f"tp_size is {self.tp_size} but plugin is {self.plugin!r}; tensor parallelism needs "
+                             "hybrid_parallel")
+        if self.cpu_offload and self.plugin == "torch_ddp":
+            raise ValueError("cpu_offload is true but plugin is 'torch_ddp', which keeps everything on the device")
+        return self
+
+
 class ParallelConfig(Section):
     plugin: Literal["auto", "single", "ddp", "fsdp2", "colossalai"] = Field(
-        "auto", description="Booster plugin: `auto` is ddp under torchrun with more than one process, else single."
+        "auto", description="Booster plugin: `auto` is ddp under torchrun with more than one process, else single; "
+        "`colossalai` drives training through ColossalAI's own Booster (options under `parallel.colossalai`)."
     )
+    colossalai: ColossalAIConfig = Field(
+        default_factory=ColossalAIConfig, description="ColossalAI's plugin and its knobs; only with plugin colossalai."
+    )
+
+    @field_validator("plugin", mode="after")
+    @classmethod
+    def _check_torch_for_fsdp2(cls, plugin: str) -> str:
+        from trainer.compat import FSDP2_TORCH, missing_requirement
+
+        problem = missing_requirement("torch", FSDP2_TORCH) if plugin == "fsdp2" else None
+        if problem:
+            raise ValueError(f"another plugin here: fsdp2 {problem}")
+        return plugin
+
+    @model_validator(mode="after")
+    def _check_colossalai_section(self) -> ParallelConfig:
+        if "colossalai" in self.model_fields_set and self.plugin != "colossalai":
+            raise ValueError(f"a colossalai section is given but plugin is {self.plugin!r}; it applies to plugin "
+                             "colossalai only")
+        return self
 
 
 class TrackingConfig(Section):
@@ -145,9 +256,24 @@ class SupervisedStageConfig(StageConfig):
 
 
 class SFTOptions(Section):
-    packing: bool = Field(
-        True, description="Concatenate each micro-batch into one padding-free row; samples never attend to each other."
+    packing: bool | None = Field(
+        None, validate_default=True,
+        description="Concatenate each micro-batch into one padding-free row; samples never attend to each other. "
+        "Needs transformers>=4.56; null (the default) packs where the installed transformers can and pads "
+        "elsewhere (the ColossalAI variant); true with an older transformers is an error.",
     )
+
+    @field_validator("packing", mode="after")
+    @classmethod
+    def _resolve_packing(cls, packing: bool | None) -> bool:
+        from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
+
+        if packing is None:
+            return has_at_least("transformers", PACKING_TRANSFORMERS)
+        problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
+        if packing and problem:
+            raise ValueError(f"false or null here: padding-free packing {problem}")
+        return packing
 
 
 class SFTConfig(SupervisedStageConfig):
@@ -209,7 +335,14 @@ class GenerationOptions(Section):
 class RewardSourceConfig(Section):
     model_path: str | None = Field(None, description="Reward model directory (the `rm` stage's `<output_dir>/model`).")
     function: str | None = Field(
-        None, description="Reward function as `module:function`, called as f(prompt, completion, answer) -> float."
+        None, description="Reward function by allowed name (built-in `tiny_addition`, or one the platform registers: "
+        "`alignflow.rewards` entry points, ALIGNFLOW_REWARD_FUNCTIONS), or `module:function` under a module prefix in "
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES; anything else is refused. Called as f(prompt, completion, answer) -> float "
+        "(or batched, TRL-style, when the function sets `alignflow_batched`)."
+    )
+    timeout_seconds: float = Field(
+        30.0, gt=0, description="Seconds one reward-function call may take (a batched call: the whole batch); "
+        "a call past it fails the run, naming the function and the row."
     )
 
     @model_validator(mode="after")
@@ -274,6 +407,31 @@ class AsyncOptions(Section):
     sync_offset: int = Field(0, ge=0, description="Explorer may run this many versions ahead of the weights it uses.")
     save_interval: int = Field(0, ge=0, description="Checkpoint every this many trainer steps; 0 only at the end.")
     wait_timeout: float = Field(300.0, gt=0, description="Seconds to wait for experience or weights before failing.")
+    max_staleness: int | None = Field(
+        None, ge=0,
+        description="Reject (and count as `staleness/rejected`) experience batches generated more than this many weight "
+                    "versions before the trainer's current one; null allows sync_offset + sync_interval - 1, the most "
+                    "the explorer's protocol produces. Must be at least that.",
+    )
+    importance_sampling_cap: float = Field(
+        2.0, ge=1,
+        description="Truncation of the per-token importance weight pi_trainer / pi_explorer that corrects stale "
+                    "experience (truncated importance sampling; V-trace's rho-bar). >= 1; 1 never up-weights a token.",
+    )
+
+    @model_validator(mode="after")
+    def _check_staleness(self) -> AsyncOptions:
+        produced = self.sync_offset + self.sync_interval - 1
+        if self.max_staleness is not None and self.max_staleness < produced:
+            raise ValueError(f"max_staleness is {self.max_staleness} but sync_offset {self.sync_offset} and "
+                             f"sync_interval {self.sync_interval} let the explorer produce batches {produced} versions "
+                             "old; they would all be rejected")
+        return self
+
+    @property
+    def staleness_limit(self) -> int:
+        """`max_staleness`, or the most the explorer's protocol produces when it is null."""
+        return self.max_staleness if self.max_staleness is not None else self.sync_offset + self.sync_interval - 1
 
 
 class OnlineStageConfig(StageConfig):
@@ -320,6 +478,40 @@ class GRPOConfig(OnlineStageConfig):
 STAGE_CONFIGS: dict[str, type[StageConfig]] = {
     "sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: greedy responses of a candidate and a baseline on held-out prompts, scored.
+
+
+class EvaluationRewardConfig(Section):
+    function: str | None = Field(
+        None, description="Reward function by registered name, called as f(prompt, completion, answer) -> float."
+    )
+    model_path: str | None = Field(None, description="Reward model directory whose mean score is reported too.")
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> EvaluationRewardConfig:
+        if self.function is None and self.model_path is None:
+            raise ValueError("set function, model_path or both")
+        return self
+
+
+class EvaluateConfig(Section):
+    output_dir: str = Field(description="Where final_metrics.json and samples.jsonl go: a local directory or URI.")
+    model: ModelConfig = Field(description="The candidate model.")
+    baseline_path: str | None = Field(None, description="The model to beat (local or URI); null scores the candidate only.")
+    prompts_path: str = Field(description="Held-out prompt rows (`prompt`, `answer`) as JSONL or Parquet; local or URI.")
+    reward: EvaluationRewardConfig = Field(description="How responses are scored.")
+    generation: GenerationOptions = Field(
+        default_factory=lambda: GenerationOptions(temperature=0.0),
+        description="Decoding; the default is greedy (temperature 0) so scores are repeatable.",
+    )
+    batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+
+
+# Every config `python -m trainer <command>` reads.
+COMMAND_CONFIGS: dict[str, type[Section]] = {**STAGE_CONFIGS, "evaluate": EvaluateConfig}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,10 +599,10 @@ def _describe(error: dict, path: str | Path | None, lines: dict[tuple, int], ove
 def build_config(stage: str, data: dict, *, path: str | Path | None = None, lines: dict | None = None,
                  overridden: set[tuple] = frozenset()) -> StageConfig:
     """Validate a raw mapping into the stage's config class, or raise one ConfigError."""
-    if stage not in STAGE_CONFIGS:
-        raise ConfigError(f"unknown stage {stage!r}, expected one of {sorted(STAGE_CONFIGS)}")
+    if stage not in COMMAND_CONFIGS:
+        raise ConfigError(f"unknown stage {stage!r}, expected one of {sorted(COMMAND_CONFIGS)}")
     try:
-        return STAGE_CONFIGS[stage].model_validate(data)
+        return COMMAND_CONFIGS[stage].model_validate(data)
     except ValidationError as err:
         problems = [_describe(e, path, lines or {}, overridden) for e in err.errors()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems)) from None

@@ -23,7 +23,7 @@ def train_dpo(
     loss_type: str = "sigmoid",
     settings: dict = {},
     launcher_mode: str = "kubernetes",
-    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
     s3_secret: str = "",
@@ -47,7 +47,7 @@ def train_dpo(
         loss_type: `sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free).
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob.
+        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (Master plus Workers).
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.

@@ -15,7 +15,7 @@ def train_grpo(
     metrics: Output[Metrics],
     report: Output[Markdown],
     run_id: str,
-    reward_function: str = "trainer.tiny.task:reward",
+    reward_function: str,
     lr: float = 1e-6,
     num_episodes: int = 10,
     num_generations: int = 8,
@@ -23,7 +23,7 @@ def train_grpo(
     max_length: int = 1024,
     settings: dict = {},
     launcher_mode: str = "kubernetes",
-    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
     s3_secret: str = "",
@@ -39,15 +39,15 @@ def train_grpo(
         metrics: Final training and evaluation metrics.
         report: Metrics, curves and the resolved config.
         run_id: The pipeline run id (names the job and keys its checkpoints).
-        reward_function: `module:function` called as f(prompt, completion, answer) -> float.
+        reward_function: Registered reward function name, called as f(prompt, completion, answer) -> float.
         lr: Peak learning rate of AdamW.
         num_episodes: Collect-then-learn rounds.
         num_generations: Responses sampled per prompt (the group size).
-        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        micro_batch_size: Sequences per rank per forward pass; a minibatch is split into these for one step.
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob.
+        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (Master plus Workers).
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.

@@ -24,7 +24,7 @@ def train_ppo(
     kl_coef: float = 0.05,
     settings: dict = {},
     launcher_mode: str = "kubernetes",
-    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
     s3_secret: str = "",
@@ -41,15 +41,15 @@ def train_ppo(
         metrics: Final training and evaluation metrics.
         report: Metrics, curves and the resolved config.
         run_id: The pipeline run id (names the job and keys its checkpoints).
-        reward_function: `module:function` to score with instead of the reward model.
+        reward_function: Registered reward function name to score with instead of the reward model.
         lr: Peak learning rate of AdamW.
         num_episodes: Collect-then-learn rounds.
-        micro_batch_size: Samples (or pairs) per rank per forward pass.
+        micro_batch_size: Sequences per rank per forward pass; a minibatch is split into these for one step.
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         kl_coef: Weight of the per-token KL penalty in the reward (initial value if adaptive).
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob.
+        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (Master plus Workers).
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.

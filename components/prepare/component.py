@@ -1,38 +1,51 @@
-"""prepare_inputs: the base model and the datasets a pipeline run trains on, as KFP artifacts."""
+"""prepare_inputs: the datasets a pipeline run trains on, copied into the run as KFP artifacts."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Model, Output
+from kfp.dsl import Dataset, Output
 
 from components.images import LAUNCHER_IMAGE
 
 
 @dsl.component(base_image=LAUNCHER_IMAGE)
 def prepare_inputs(
-    base_model: Output[Model],
     sft_train: Output[Dataset],
     sft_eval: Output[Dataset],
     preference_train: Output[Dataset],
     preference_eval: Output[Dataset],
     prompts: Output[Dataset],
-    source: str = "tiny",
-    base_model_uri: str = "",
+    eval_prompts: Output[Dataset],
+    sft_train_uri: str = "",
+    sft_eval_uri: str = "",
+    preference_train_uri: str = "",
+    preference_eval_uri: str = "",
+    prompts_uri: str = "",
+    eval_prompts_uri: str = "",
+    content_fingerprint: str = "",
 ):
-    """Provide the base model and the datasets of a run.
+    """Copy the run's datasets (JSONL or Parquet files, local, s3:// or minio://) into its artifacts.
+
+    The copies pin what the run trained on: a later change at the same URI does not change this
+    run. The task is cached on `content_fingerprint` (the inputs' ETags), so an unchanged dataset
+    is not copied again, and a changed one is, even at the same URI.
 
     Args:
-        base_model: The HF model directory training starts from.
-        sft_train: SFT rows (messages, or prompt/completion) as JSONL.
+        sft_train: SFT rows (messages, or prompt/completion).
         sft_eval: Held-out SFT rows.
         preference_train: Preference rows (prompt, chosen, rejected).
         preference_eval: Held-out preference rows.
-        prompts: Prompt rows (prompt, optional answer) for PPO/GRPO and evaluation.
-        source: `tiny` builds the offline tiny model and addition task; otherwise a local or s3://
-            folder holding sft_train.jsonl, sft_eval.jsonl, pref_train.jsonl, pref_eval.jsonl and
-            prompts.jsonl.
-        base_model_uri: HF model directory (local or s3://) when `source` is not `tiny`.
+        prompts: Prompt rows (prompt, optional answer) that PPO/GRPO train on.
+        eval_prompts: Held-out prompt rows with answers, for evaluation.
+        sft_train_uri: Where the SFT training rows are; empty when the pipeline does not use them.
+        sft_eval_uri: Where the held-out SFT rows are.
+        preference_train_uri: Where the preference training rows are.
+        preference_eval_uri: Where the held-out preference rows are.
+        prompts_uri: Where the training prompts are.
+        eval_prompts_uri: Where the held-out prompts are.
+        content_fingerprint: A hash of the inputs' content (from `fingerprint_inputs`); it is what
+            the cache keys on.
     """
-    from components.prepare.inputs import provide_inputs
+    from components.prepare.inputs import copy_datasets
 
-    provide_inputs(source, base_model_uri, base_model.path,
-                   {"sft_train": sft_train.path, "sft_eval": sft_eval.path, "pref_train": preference_train.path,
-                    "pref_eval": preference_eval.path, "prompts": prompts.path})
+    copy_datasets({sft_train_uri: sft_train.path, sft_eval_uri: sft_eval.path,
+                   preference_train_uri: preference_train.path, preference_eval_uri: preference_eval.path,
+                   prompts_uri: prompts.path, eval_prompts_uri: eval_prompts.path})

@@ -1,31 +1,41 @@
-"""The body of `prepare_inputs`: build the tiny task, or copy a dataset folder and a model."""
+"""The bodies of `prepare_inputs` and `fingerprint_inputs`: copy datasets in, hash what they hold."""
 
 from __future__ import annotations
 
-import shutil
+import hashlib
 from pathlib import Path
 
-from trainer.errors import PipelineError
-from trainer.storage import get_storage, join_uri
-from trainer.storage.transfer import cached_copy
+from trainer.errors import PipelineError, StorageError
+from trainer.storage import get_storage
 
 
-def provide_inputs(source: str, base_model_uri: str, model_path: str, dataset_paths: dict[str, str]) -> None:
-    if source == "tiny":
-        from trainer.tiny.model import write_tiny_model
-        from trainer.tiny.task import write_task
-
-        write_tiny_model(model_path)
-        written = write_task(Path(model_path).parent / "tiny-task")
-        for name, path in dataset_paths.items():
-            shutil.copyfile(written[name], path)
-        return
-    if not base_model_uri:
-        raise PipelineError("base_model_uri is empty; it is required unless source is 'tiny'")
-    shutil.copytree(cached_copy(base_model_uri), model_path, dirs_exist_ok=True)
-    storage = get_storage(source)
-    for name, path in dataset_paths.items():
-        uri = join_uri(source, f"{name}.jsonl")
+def copy_datasets(sources: dict[str, str]) -> None:
+    """Copy each dataset URI to its artifact path; an unused input (empty URI) becomes an empty file."""
+    for uri, path in sources.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if not uri:
+            Path(path).write_bytes(b"")
+            continue
+        storage = get_storage(uri)
         if not storage.exists(uri):
-            raise PipelineError(f"{uri}: missing; a dataset folder holds {sorted(dataset_paths)} as .jsonl files")
+            raise PipelineError(f"{uri}: dataset not found (expected a .jsonl or .parquet file)")
         storage.download_file(uri, Path(path))
+
+
+def content_fingerprint(uris: list[str]) -> str:
+    """A hash of what the URIs hold now (their ETags, or size and mtime locally), in order."""
+    digest = hashlib.sha256()
+    for uri in uris:
+        digest.update(uri.encode() + b"\0")
+        if not uri:
+            continue
+        try:
+            storage = get_storage(uri)
+            objects = [uri] if storage.exists(uri) else storage.list(uri)
+            if not objects:
+                raise PipelineError(f"{uri}: nothing there (no object and no objects below it)")
+            for item in objects:
+                digest.update(item.encode() + b"=" + storage.etag(item).encode() + b"\n")
+        except (StorageError, OSError) as err:
+            raise PipelineError(f"{uri}: cannot read it to fingerprint the inputs: {err}") from err
+    return digest.hexdigest()

@@ -8,20 +8,20 @@ from components.images import LAUNCHER_IMAGE
 
 @dsl.component(base_image=LAUNCHER_IMAGE)
 def train_sft(
-    base_model: Input[Model],
     train_dataset: Input[Dataset],
     eval_dataset: Input[Dataset],
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
     run_id: str,
+    base_model_uri: str = "",
     lr: float = 1e-5,
     max_epochs: int = 1,
     micro_batch_size: int = 8,
     max_length: int = 1024,
     settings: dict = {},
     launcher_mode: str = "kubernetes",
-    trainer_image: str = "ghcr.io/alignflow/trainer:latest",
+    trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
     s3_secret: str = "",
@@ -30,20 +30,20 @@ def train_sft(
     """Fine-tune a causal LM on chat or prompt/completion data (loss on completions only).
 
     Args:
-        base_model: The HF model to start from.
         train_dataset: SFT rows as JSONL.
         eval_dataset: Held-out SFT rows.
         model: The fine-tuned HF model.
         metrics: Final training and evaluation metrics.
         report: Metrics, curves and the resolved config.
         run_id: The pipeline run id (names the job and keys its checkpoints).
+        base_model_uri: The HF model to start from (local, s3:// or minio://), read in place by the job.
         lr: Peak learning rate of AdamW.
         max_epochs: Passes over the training data.
         micro_batch_size: Samples (or pairs) per rank per forward pass.
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob.
+        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (Master plus Workers).
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.

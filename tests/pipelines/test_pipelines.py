@@ -27,7 +27,10 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     inputs = loaded.component_spec.inputs
     assert inputs["launcher_mode"].default == "kubernetes"
     assert inputs[stage_parameter].default is not None
+    assert inputs["base_model_uri"].default is None  # a real model is an input, not a demo default
+    assert inputs["max_new_tokens"].default == 256 and inputs["sft_lr"].default == 2e-5
     text = package.read_text()
+    assert "tiny" not in text  # the tiny task is only a preset (alignflow run --preset tiny)
     assert "beats-baseline" in text  # the registration gate
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
     assert "exit-handler" in text and "cleanup-jobs" in text  # jobs are deleted however the run ends
@@ -36,7 +39,7 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline-root")
-    run_dir = run_locally("rlhf-dpo", root, {"sft_epochs": 5, "dpo_epochs": 1})
+    run_dir = run_locally("rlhf-dpo", root, {"sft_epochs": 5, "dpo_epochs": 1}, preset="tiny")
     return root, run_dir
 
 
@@ -45,7 +48,8 @@ def test_pipeline_runs_every_stage_and_writes_models(local_run):
 
     _, run_dir = local_run
     summary = task_outputs(run_dir, started=0.0)
-    assert list(summary) == ["prepare-inputs", "train-sft", "train-dpo", "evaluate-model", "cleanup-jobs"]
+    assert list(summary) == ["fingerprint-inputs", "prepare-inputs", "train-sft", "train-dpo", "evaluate-model",
+                             "cleanup-jobs"]
     assert summary["train-sft"]["metrics"]["eval_loss"] > 0
     assert 0 <= summary["train-dpo"]["metrics"]["eval_rewards_accuracies"] <= 1
     AutoModelForCausalLM.from_pretrained(summary["train-dpo"]["model"])
@@ -79,7 +83,7 @@ def test_stages_are_tracked_in_mlflow(local_run):
 
 @pytest.mark.parametrize("name", ["rlhf-grpo", pytest.param("rlhf-ppo", marks=pytest.mark.slow)])
 def test_online_pipeline_runs_end_to_end(name, tmp_path):
-    run_dir = run_locally(name, tmp_path, {"sft_epochs": 20})
+    run_dir = run_locally(name, tmp_path, {"sft_epochs": 20}, preset="tiny")
     summary = task_outputs(run_dir, started=0.0)
     evaluation = summary["evaluate-model"]["metrics"]
     assert evaluation["baseline_reward"] > 0.5  # SFT learned the format and most sums

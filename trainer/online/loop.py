@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer import preemption
 from trainer.algorithms.grpo import GRPOObjective, group_advantages
 from trainer.algorithms.ppo import (
     AdaptiveKLController,
@@ -256,6 +257,8 @@ class PPOTrainer(OLTrainer):
         return parts
 
     def _should_save(self, episodes_done: int) -> bool:
+        if preemption.stop_requested():  # SIGTERM/SIGINT on any rank: save now (blocking) and stop
+            self.stop_after_episodes = episodes_done
         return super()._should_save(episodes_done) or episodes_done == self.stop_after_episodes
 
     def _save_checkpoint(self, episode: int) -> None:
@@ -275,19 +278,15 @@ class PPOTrainer(OLTrainer):
 
     # -- evaluation ---------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self, rows: list[dict]) -> float:
         """Mean score of greedy responses to `rows`, split across ranks."""
+        from trainer.online.evaluate import mean_score
+
         plugin = self.actor_booster.plugin
-        mine = rows[plugin.rank::plugin.world_size]
         greedy = self.config.generation.model_copy(update={"temperature": 0.0})
-        total = torch.zeros(2, device=self.device)
-        for start in range(0, len(mine), 64):
-            chunk = mine[start:start + 64]
-            scores = generate_and_score(self.actor, self.tokenizer, chunk, greedy, self.device, self.scorer).scores
-            total += torch.stack([scores.sum(), torch.tensor(float(len(chunk)), device=self.device)])
-        score, count = all_reduce_sum(total).tolist()
-        return score / max(count, 1)
+        means, _ = mean_score(self.actor, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
+                              plugin.world_size)
+        return means[0]
 
 
 class GRPOTrainer(PPOTrainer):

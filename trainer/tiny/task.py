@@ -69,10 +69,13 @@ def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
         "sft_eval": write_jsonl([rows[i] for i in sorted(held_out)], directory / "sft_eval.jsonl"),
         "pref_train": write_jsonl(preference_rows(8, seed), directory / "pref_train.jsonl"),
         "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
-        "prompts": write_jsonl(prompt_rows(), directory / "prompts.jsonl"),
+        # Online stages train on the SFT problems and are evaluated on the held-out ones.
+        "prompts": write_jsonl([r for i, r in enumerate(prompt_rows()) if i not in held_out], directory / "prompts.jsonl"),
+        "eval_prompts": write_jsonl([prompt_rows()[i] for i in sorted(held_out)], directory / "eval_prompts.jsonl"),
     }
 
 
 def reward(prompt: str, completion: str, answer: str | None) -> float:
-    """The task's reward function for PPO/GRPO (`reward.function: trainer.tiny.task:reward`)."""
+    """The task's reward function for PPO/GRPO, the built-in `reward.function: tiny_addition`
+    (`trainer.online.reward_registry`; its import path `trainer.tiny.task:reward` is an alias)."""
     return check_answer(completion, answer or "")

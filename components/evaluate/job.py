@@ -1,0 +1,57 @@
+"""The body of `evaluate_model`: write the evaluation config, launch its job, publish metrics and a report."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.launcher.component_io import cluster_options, default_job_root
+from components.launcher.stage_job import _cell, run_stage_job
+from trainer.errors import PipelineError
+from trainer.storage import get_storage, join_uri
+
+
+def evaluation_config(params: dict[str, Any]) -> dict:
+    """The `python -m trainer evaluate` config from the component's inputs."""
+    reward_model = params.get("reward_model")
+    if not params.get("reward_function") and reward_model is None:
+        raise PipelineError("evaluate_model: give reward_function, reward_model or both")
+    return {
+        "model": {"path": params["model"].uri},
+        "baseline_path": params["baseline"].uri,
+        "prompts_path": params["prompts"].uri,
+        "reward": {"function": params.get("reward_function") or None,
+                   "model_path": reward_model.uri if reward_model is not None else None},
+        "generation": {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0},
+    }
+
+
+def run_evaluation_component(params: dict[str, Any]) -> float:
+    metrics, report = params["metrics"], params["report"]
+    job_root = params.get("job_root") or default_job_root(metrics.uri, params["run_id"], "evaluate")
+    scores = run_stage_job("evaluate", evaluation_config(params), model_uri=None, job_root=job_root,
+                           run_id=params["run_id"], task="evaluate", cluster=cluster_options(params))
+    for key, value in scores.items():
+        metrics.log_metric(key, float(value))
+    with open(report.path, "w") as handle:
+        handle.write(comparison_report(scores, job_root))
+    headline = "reward" if "reward" in scores else "rm_score"
+    return scores[headline] - scores[f"baseline_{headline}"]
+
+
+def comparison_report(scores: dict[str, float], job_root: str) -> str:
+    """Markdown: candidate vs baseline per metric, then sample answers side by side."""
+    names = [name for name in ("reward", "rm_score") if name in scores]
+    lines = ["# Candidate vs baseline", "", "| metric | candidate | baseline | difference |", "|---|---|---|---|"]
+    for name in names:
+        candidate, baseline = scores[name], scores[f"baseline_{name}"]
+        lines.append(f"| {name} | {candidate:.4f} | {baseline:.4f} | {candidate - baseline:+.4f} |")
+    storage = get_storage(job_root)
+    samples_uri = join_uri(job_root, "samples.jsonl")
+    if storage.exists(samples_uri):
+        rows = [json.loads(line) for line in storage.read_bytes(samples_uri).decode().splitlines() if line]
+        lines += ["", "## Sample answers", "", "| prompt | candidate | score | baseline | score |", "|---|---|---|---|---|"]
+        lines += [f"| {_cell(r['prompt'])} | {_cell(r['response'])} | {r['score']:.3g} | "
+                  f"{_cell(r.get('baseline_response', ''))} | {r.get('baseline_score', float('nan')):.3g} |"
+                  for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+"""`python -m trainer evaluate`: greedy answers of a candidate and a baseline, scored against the checker."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from trainer.__main__ import main
+from trainer.tiny.task import check_answer
+
+
+def evaluate(tmp_path, candidate, baseline, prompts, **reward) -> dict:
+    config = {"output_dir": str(tmp_path / "out"), "model": {"path": str(candidate)}, "baseline_path": str(baseline),
+              "prompts_path": str(prompts), "generation": {"max_new_tokens": 4, "temperature": 0.0},
+              "reward": reward or {"function": "trainer.tiny.task:reward"}}
+    (tmp_path / "evaluate.yaml").write_text(yaml.safe_dump(config))
+    assert main(["evaluate", "--config", str(tmp_path / "evaluate.yaml")]) == 0
+    return json.loads((tmp_path / "out" / "final_metrics.json").read_text())
+
+
+def test_reward_is_the_fraction_of_checked_answers_and_improvement_the_difference(tmp_path, sft_model, tiny_model,
+                                                                                  task_files):
+    metrics = evaluate(tmp_path, sft_model, tiny_model, task_files["eval_prompts"])
+    samples = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in task_files["eval_prompts"].read_text().splitlines()]
+    answers = {row["prompt"]: row["answer"] for row in rows}
+    # Each kept sample's score is the checker's verdict on the response shown beside it.
+    for sample in samples:
+        assert sample["score"] == check_answer(sample["response"], answers[sample["prompt"]])
+        assert sample["baseline_score"] == check_answer(sample["baseline_response"], answers[sample["prompt"]])
+    assert 0.0 <= metrics["baseline_reward"] < metrics["reward"] <= 1.0  # SFT beats the untrained model
+    assert metrics["improvement"] == metrics["reward"] - metrics["baseline_reward"]
+    assert metrics["reward"] * len(rows) == round(metrics["reward"] * len(rows))  # a count of right answers
+
+
+def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model, tiny_model, task_files):
+    metrics = evaluate(tmp_path, sft_model, tiny_model, task_files["eval_prompts"],
+                       function="trainer.tiny.task:reward", model_path=str(sft_model))
+    assert {"reward", "baseline_reward", "rm_score", "baseline_rm_score", "improvement"} <= set(metrics)

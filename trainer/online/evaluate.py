@@ -1,0 +1,114 @@
+"""Scoring a policy's responses on held-out prompts: the online stages' evaluation and `python -m trainer evaluate`.
+
+`mean_score` is the one evaluation loop: prompts split across ranks, responses generated and
+scored by `generate_and_score`, the sum all-reduced. `run_evaluation` is what the pipelines'
+`evaluate_model` component launches as its own job (so generation runs on a GPU node): it scores
+a candidate and a baseline with the checkable reward function and, optionally, a reward model,
+and writes `final_metrics.json` (`reward`, `baseline_reward`, `improvement`, `rm_score`,
+`baseline_rm_score`) and `samples.jsonl` (the two models' answers side by side).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import EvaluateConfig, GenerationOptions, ModelConfig
+from trainer.data.dataset import load_rows
+from trainer.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
+from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
+from trainer.online.rollout import ScoredRollout, generate_and_score
+from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env
+from trainer.storage import get_storage, join_uri
+
+logger = logging.getLogger(__name__)
+SAMPLES_KEPT = 10
+
+
+@torch.no_grad()
+def mean_score(model: nn.Module, tokenizer: Any, rows: list[dict], generation: GenerationOptions,
+               device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
+               batch_size: int = 64) -> tuple[list[float], list[ScoredRollout]]:
+    """Mean score of `model`'s responses to `rows` under each scorer; this rank's rows are `rows[rank::world_size]`.
+
+    Returns:
+        One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.
+    """
+    mine = rows[rank::world_size]
+    totals = torch.zeros(len(scorers) + 1, dtype=torch.float64, device=device)  # (scorers..., count)
+    rollouts = []
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start:start + batch_size]
+        rollout = generate_and_score(model, tokenizer, chunk, generation, device, scorers[0])
+        rollouts.append(rollout)
+        extra = [scorer(rollout.batch, rollout.prompts, rollout.responses, [r.get("answer") for r in chunk])
+                 for scorer in scorers[1:]]
+        totals += torch.stack([s.double().sum() for s in (rollout.scores, *extra)]
+                              + [torch.tensor(float(len(chunk)), dtype=torch.float64, device=device)])
+    *sums, count = all_reduce_sum(totals).tolist()
+    return [total / max(count, 1) for total in sums], rollouts
+
+
+def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[Any], list[str]]:
+    """The scorers of an evaluation, with the metric name each one reports."""
+    scorers, names = [], []
+    if config.reward.function is not None:
+        scorers.append(FunctionScorer(load_reward_function(config.reward.function)))
+        names.append("reward")
+    if config.reward.model_path is not None:
+        reward_model = load_frozen(load_value_model, config.model, device, config.reward.model_path,
+                                   key="reward.model_path")
+        scorers.append(RewardModelScorer(reward_model))
+        names.append("rm_score")
+    return scorers, names
+
+
+def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
+    """Score the candidate (and the baseline) and write the results to `output_dir`; returns the metrics."""
+    env = read_distributed_env()
+    device = pick_device(env)
+    init_process_group(env, device)
+    rows = load_rows(config.prompts_path, "prompt", skip_bad_rows=False).examples
+    scorers, names = build_scorers(config, device)
+    metrics: dict[str, float] = {}
+    samples: dict[str, list[dict]] = {}
+    models = {"": config.model.path} | ({"baseline_": config.baseline_path} if config.baseline_path else {})
+    for prefix, path in models.items():
+        tokenizer = load_tokenizer(path)
+        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key="baseline_path" if prefix else "model.path")
+        means, rollouts = mean_score(model, tokenizer, rows, config.generation, device, scorers, env.rank,
+                                     env.world_size, config.batch_size)
+        metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
+        samples[prefix or "candidate"] = [s for rollout in rollouts for s in rollout.samples(len(rollout.prompts))]
+        logger.info("%s: %s", path, ", ".join(f"{n}={v:.4f}" for n, v in zip(names, means)))
+        del model
+    if config.baseline_path:
+        metrics["improvement"] = metrics[names[0]] - metrics[f"baseline_{names[0]}"]
+    if env.is_main_process:
+        write_results(config.output_dir, metrics, side_by_side(samples))
+    return metrics
+
+
+def side_by_side(samples: dict[str, list[dict]]) -> list[dict]:
+    """The first prompts with each model's response and score, for the report."""
+    rows = []
+    for index, candidate in enumerate(samples["candidate"][:SAMPLES_KEPT]):
+        row = {"prompt": candidate["prompt"], "response": candidate["response"], "score": candidate["score"]}
+        if "baseline_" in samples and index < len(samples["baseline_"]):
+            baseline = samples["baseline_"][index]
+            row |= {"baseline_response": baseline["response"], "baseline_score": baseline["score"]}
+        rows.append(row)
+    return rows
+
+
+def write_results(output_dir: str, metrics: dict[str, float], samples: list[dict]) -> None:
+    files = {"final_metrics.json": json.dumps(metrics, indent=2),
+             "samples.jsonl": "".join(json.dumps(row) + "\n" for row in samples)}
+    storage = get_storage(output_dir)
+    for name, text in files.items():
+        storage.write_bytes(join_uri(output_dir, name), text.encode())
+    logger.info("evaluation written to %s", output_dir)
