@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_remote(args: argparse.Namespace) -> int:
     from pipelines import remote
-    from pipelines.registry import get_pipeline
+    from pipelines.catalog import get_pipeline
 
     get_pipeline(args.pipeline)  # an unknown name fails before anything is sent
     params = parse_params(getattr(args, "param", []))
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compile":
             from kfp import compiler
 
-            from pipelines.registry import get_pipeline
+            from pipelines.catalog import get_pipeline
 
             compiler.Compiler().compile(get_pipeline(args.pipeline), str(args.output))
             print(f"wrote {args.output}")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.registry import get_pipeline
+from pipelines.catalog import get_pipeline
 
 LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0, "trainer_image": "alignflow-trainer:latest"}
 

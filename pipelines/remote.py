@@ -22,7 +22,7 @@ FINISHED = ("SUCCEEDED", "FAILED", "SKIPPED", "CANCELED")
 def compile_package(name: str, directory: Path) -> Path:
     from kfp import compiler
 
-    from pipelines.registry import get_pipeline
+    from pipelines.catalog import get_pipeline
 
     package = directory / f"{name}.yaml"
     compiler.Compiler().compile(get_pipeline(name), str(package))

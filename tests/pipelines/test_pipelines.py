@@ -18,7 +18,7 @@ from pipelines.local_run import run_locally, task_outputs
 def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, tmp_path):
     from kfp import compiler, components
 
-    from pipelines.registry import get_pipeline
+    from pipelines.catalog import get_pipeline
 
     package = tmp_path / f"{name}.yaml"
     compiler.Compiler().compile(get_pipeline(name), str(package))
