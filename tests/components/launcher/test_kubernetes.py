@@ -1,4 +1,6 @@
-"""Kubernetes mode through the real `kubernetes` client against a loopback stand-in of the API.
+"""Kubernetes mode through the real `kubernetes` client against a loopback stand-in of the API: the
+job's life from creation to clean-up. API failures, Pending pods, the log and cancellation have
+their own files.
 
 A real cluster run is not part of CI (no API server can run here); see the README for one.
 """
@@ -8,23 +10,32 @@ from __future__ import annotations
 import pytest
 
 from components.launcher import JobSpec, build_pytorchjob
+from components.launcher.api_retry import RetryPolicy
 from components.launcher.kubernetes import KubernetesLauncher
 from tests.components.launcher.kube_standin import KubeStandIn
 from trainer.errors import LaunchError
 
 JOBS_PATH = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs"
+NAME = "af-sft-0123456789"
 
 
-def manifest() -> dict:
-    return build_pytorchjob(JobSpec(name="af-sft-0123456789", stage="sft", config_uri="s3://b/sft.yaml",
-                                    image="alignflow/trainer:1", namespace="ml", num_nodes=2, gpus_per_node=1))
+def manifest(num_nodes: int = 1, image: str = "alignflow/trainer:1") -> dict:
+    return build_pytorchjob(JobSpec(name=NAME, stage="sft", config_uri="s3://b/sft.yaml", image=image,
+                                    namespace="ml", num_nodes=num_nodes, gpus_per_node=1))
 
 
-def launcher_for(standin: KubeStandIn) -> KubernetesLauncher:
+def launcher_for(standin: KubeStandIn, pending_timeout_seconds: float = 900.0) -> KubernetesLauncher:
+    return launcher_for_host(standin.host, pending_timeout_seconds)
+
+
+def launcher_for_host(host: str, pending_timeout_seconds: float = 900.0) -> KubernetesLauncher:
+    """A launcher on the stand-in with test-sized intervals: 1 s polls, retries 0.1 s to 1 s apart."""
     from kubernetes import client
 
-    configuration = client.Configuration(host=standin.host)
-    return KubernetesLauncher(client.ApiClient(configuration), watch_seconds=2)
+    configuration = client.Configuration(host=host)
+    return KubernetesLauncher(client.ApiClient(configuration), poll_seconds=1,
+                              pending_timeout_seconds=pending_timeout_seconds,
+                              retry=RetryPolicy(max_retries=3, base_seconds=0.1, max_seconds=1.0))
 
 
 def test_succeeded_job_returns_and_is_deleted():
@@ -73,6 +84,22 @@ def test_retried_task_reattaches_to_the_running_job():
         # Two create calls, one job: the second answered 409 and the launcher followed the first.
         assert sum(1 for method, path in standin.requests if method == "POST") == 2
         assert standin.created == [("ml", "af-sft-0123456789")]
+
+
+def test_a_job_the_crd_refuses_is_a_422_and_not_retried():
+    job = manifest()
+    job["spec"]["runPolicy"]["backoffLimit"] = "two"
+    with KubeStandIn("succeed") as standin:
+        with pytest.raises(LaunchError, match=r"cannot create PyTorchJob ml/af-sft-0123456789: 422 .*"
+                                              r"spec.runPolicy.backoffLimit: Invalid value"):
+            launcher_for(standin).run(job, timeout=30)
+        assert standin.requests == [("POST", JOBS_PATH)] and standin.created == []
+
+
+def test_multi_node_jobs_are_followed_through_worker_zero():
+    with KubeStandIn("succeed", log_text="worker zero speaking") as standin:
+        outcome = launcher_for(standin).run(manifest(num_nodes=3), timeout=30)
+        assert outcome.phase == "Succeeded" and outcome.log_tail == "worker zero speaking"
 
 
 def test_exit_handler_cleanup_deletes_only_the_runs_jobs():
