@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import posixpath
+from collections.abc import Mapping
 from typing import Any
 
+from components.launcher.platform import PlatformDefaults
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
+
+# The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
+PUBLISHED_TRAINER_IMAGE = "ghcr.io/alignflow/trainer:latest"
 
 # Component parameter -> dotted config key, for the parameters the training components share.
 COMMON_KEYS = {"lr": "optimizer.lr", "micro_batch_size": "train.micro_batch_size", "max_length": "data.max_length"}
@@ -28,7 +32,9 @@ def set_dotted(config: dict, key: str, value: Any) -> None:
 
 def stage_config(stage: str, params: dict[str, Any]) -> dict:
     """The stage config from a component's inputs; `settings` ({"dotted.key": value}) wins."""
-    config: dict = {"model": {"path": params["base_model"].uri},
+    # SFT reads the base model straight from its URI; later stages take the previous stage's Model.
+    model_uri = params.get("base_model_uri") or params["base_model"].uri
+    config: dict = {"model": {"path": model_uri},
                     "data": {"train_path": params["train_dataset"].uri, "eval_path": params["eval_dataset"].uri}}
     for name, key in {**COMMON_KEYS, **STAGE_KEYS[stage]}.items():
         set_dotted(config, key, params[name])
@@ -45,13 +51,38 @@ def stage_config(stage: str, params: dict[str, Any]) -> dict:
     return config
 
 
-def cluster_options(params: dict[str, Any]) -> ClusterOptions:
-    # The tracking server the pipeline was given reaches the job as plain environment.
-    env = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "ALIGNFLOW_PARENT_RUN_ID")
-           if os.environ.get(k)}
+def _is_given(value: Any) -> bool:
+    return value is not None and value != "" and value != {} and value != []
+
+
+def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = None) -> ClusterOptions:
+    """Where the stage's job runs: the component's parameters over the platform's defaults.
+
+    Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
+    ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
+    components' published default, leaves the platform's value. Parameters named like a
+    `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
+    component can expose any of them. Raises LaunchError when a variable holds bad JSON.
+    """
+    platform = PlatformDefaults.from_environment(environ)
     gpus = params["gpus_per_node"]
-    return ClusterOptions(mode=params["launcher_mode"], image=params["trainer_image"], num_nodes=params["num_nodes"],
-                          nproc_per_node=max(gpus, 1), gpus_per_node=gpus, s3_secret=params["s3_secret"], env=env)
+    image = params.get("trainer_image")
+    if not _is_given(image) or (image == PUBLISHED_TRAINER_IMAGE and platform.trainer_image):
+        image = platform.trainer_image or PUBLISHED_TRAINER_IMAGE
+    options: dict[str, Any] = {
+        "mode": params["launcher_mode"], "image": image, "num_nodes": params["num_nodes"],
+        "nproc_per_node": max(gpus, 1), "gpus_per_node": gpus, "env": platform.job_env,
+        "allowed_images": platform.allowed_images, "allowed_secrets": platform.allowed_secrets,
+    }
+    for name in ("s3_secret", "mlflow_secret", "node_selector", "tolerations", "gpu_resource", "priority_class",
+                 "kueue_queue", "service_account"):
+        if _is_given(getattr(platform, name)):
+            options[name] = getattr(platform, name)
+    # Policy stays the platform's: allow-lists, the MLflow Secret, and the namespace (the component's own).
+    overridable = set(ClusterOptions.__dataclass_fields__) - {"mode", "image", "env", "allowed_images",
+                                                              "allowed_secrets", "mlflow_secret", "namespace"}
+    options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
+    return ClusterOptions(**options)
 
 
 def default_job_root(model_uri: str, run_id: str, stage: str) -> str:

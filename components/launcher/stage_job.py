@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
+from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
+from trainer.errors import LaunchError
 from trainer.storage import get_storage, join_uri
 
 logger = logging.getLogger(__name__)
@@ -37,47 +39,96 @@ def run_label(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[:63].strip("-_.") or "run"
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class ClusterOptions:
-    """Where and how the job runs. `mode` is `local` (processes on this machine) or `kubernetes`."""
+    """Where and how a stage's job runs. Fields named like JobSpec's pass straight to the manifest."""
 
     mode: str = "local"
+    """`local` (processes on this machine) or `kubernetes` (a PyTorchJob)."""
     image: str = "alignflow-trainer:latest"
     namespace: str = field(default_factory=current_namespace)
     num_nodes: int = 1
+    """Pods; more than one runs an elastic job (c10d rendezvous) of Worker replicas."""
     nproc_per_node: int = 1
     gpus_per_node: int = 0
+    gpu_resource: str = "nvidia.com/gpu"
+    """The extended resource that counts GPUs."""
+    cpu_request: str | None = None
+    cpu_limit: str | None = None
+    memory_request: str | None = None
+    memory_limit: str | None = None
+    shm_size: str = "2Gi"
+    """Size of the in-memory /dev/shm of each pod."""
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict] = field(default_factory=list)
+    affinity: dict = field(default_factory=dict)
+    service_account: str | None = None
+    priority_class: str | None = None
+    kueue_queue: str | None = None
+    """Kueue LocalQueue (the job's `kueue.x-k8s.io/queue-name` label); None: not queued by Kueue."""
+    active_deadline_seconds: int | None = None
+    """The operator stops the job after this long (`runPolicy.activeDeadlineSeconds`)."""
+    termination_grace_period_seconds: int = 30
+    """Seconds the trainer gets after SIGTERM to save a checkpoint."""
+    max_restarts: int = 3
+    """Elastic jobs: worker-group restarts torchrun allows (a restarted pod rejoining counts once)."""
+    run_as_user: int = 1000
+    run_as_group: int = 1000
     s3_secret: str = ""
+    """Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty: none."""
+    mlflow_secret: str = ""
+    """Secret with MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN (each optional); empty: none."""
     env: dict[str, str] = field(default_factory=dict)
+    """Plain environment of the job (never credentials)."""
+    allowed_images: list[str] | None = None
+    """Trainer images or prefixes the platform allows (see platform.py); None: any."""
+    allowed_secrets: list[str] | None = None
+    """S3 Secrets the platform allows; None: any."""
     timeout_seconds: float = 86400.0
+    """The launcher's own deadline for the whole job."""
+    pending_timeout_seconds: float = 900.0
+    """How long a pod may stay Pending for a reported reason (unschedulable, image pull) before the task fails."""
+    poll_seconds: float = 10.0
+    """How often the launcher looks at the job's pods, their events and the trainer's log."""
     # Pod restarts inside the job; KFP's own task retries (pipelines/options.py) come on top.
     backoff_limit: int = 1
 
 
+def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:
+    secrets = []
+    if cluster.s3_secret:
+        secrets += [SecretEnv(key, cluster.s3_secret, key) for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    if cluster.mlflow_secret:
+        secrets += [SecretEnv(key, cluster.mlflow_secret, key, optional=True) for key in MLFLOW_SECRET_KEYS]
+    return secrets
+
+
 def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions) -> dict:
     """The PyTorchJob a stage component creates."""
-    secrets = [SecretEnv("AWS_ACCESS_KEY_ID", cluster.s3_secret, "AWS_ACCESS_KEY_ID"),
-               SecretEnv("AWS_SECRET_ACCESS_KEY", cluster.s3_secret, "AWS_SECRET_ACCESS_KEY")] if cluster.s3_secret else []
-    spec = JobSpec(name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri, image=cluster.image,
-                   namespace=cluster.namespace, num_nodes=cluster.num_nodes, nproc_per_node=cluster.nproc_per_node,
-                   gpus_per_node=cluster.gpus_per_node, node_selector=cluster.node_selector,
-                   tolerations=cluster.tolerations, secret_env=secrets, backoff_limit=cluster.backoff_limit,
-                   env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
+    shared = {name: getattr(cluster, name) for name in JobSpec.__dataclass_fields__ if hasattr(cluster, name)}
+    shared.pop("env")
+    spec = JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
+                   secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
     return build_pytorchjob(spec)
 
 
-def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, run_id: str, task: str,
+def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: str, run_id: str, task: str,
                   cluster: ClusterOptions) -> dict[str, float]:
-    """Launch `python -m trainer <stage>` as a PyTorchJob and return its final metrics."""
+    """Launch `python -m trainer <stage>` as a PyTorchJob and return its final metrics.
+
+    The platform's allow-lists are checked first, in both modes, before anything is written.
+    """
+    if cluster.mode not in ("local", "kubernetes"):
+        raise LaunchError(f"launcher_mode is {cluster.mode!r}, expected 'local' or 'kubernetes'")
+    check_allowed(cluster.image, cluster.s3_secret, cluster.allowed_images, cluster.allowed_secrets)
     job_root = job_root.rstrip("/")
-    config = {**config, "output_dir": job_root, "export_dir": model_uri}
+    # A training stage exports its model to the component's output Model; `evaluate` exports nothing.
+    config = {**config, "output_dir": job_root} | ({"export_dir": model_uri} if model_uri else {})
     config_uri = join_uri(job_root, f"{stage}.yaml")
+    manifest = stage_manifest(stage, config_uri, run_id, task, cluster)
     storage = get_storage(job_root)
     storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
-    manifest = stage_manifest(stage, config_uri, run_id, task, cluster)
     if cluster.mode == "local":
         from components.launcher.local import run_local
 
@@ -85,7 +136,9 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str, job_root: str, ru
     else:
         from components.launcher.kubernetes import KubernetesLauncher
 
-        KubernetesLauncher().run(manifest, timeout=cluster.timeout_seconds)
+        launcher = KubernetesLauncher(poll_seconds=cluster.poll_seconds,
+                                      pending_timeout_seconds=cluster.pending_timeout_seconds)
+        launcher.run(manifest, timeout=cluster.timeout_seconds)
     return json.loads(storage.read_bytes(join_uri(job_root, "final_metrics.json")))
 
 
