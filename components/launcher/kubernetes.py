@@ -200,6 +200,7 @@ class KubernetesLauncher:
         Pending, and on cancellation; never because the API server failed for a while.
         """
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        reattached = None
         with sigterm_cancels():
             try:
                 _, reattached = self.create(manifest)
@@ -212,11 +213,10 @@ class KubernetesLauncher:
                 logger.error("%s", err)
                 self.delete(namespace, name)
                 raise type(err)(f"{err}; PyTorchJob {namespace}/{name} deleted") from err
-            except JobDeleted:
-                raise
             except LaunchError as err:
-                logger.error("%s; PyTorchJob %s/%s is left running (a retry of the task re-attaches to it)",
-                             err, namespace, name)
+                if reattached is not None and not isinstance(err, JobDeleted):
+                    logger.error("%s; PyTorchJob %s/%s is left running (a retry of the task re-attaches to it)",
+                                 err, namespace, name)
                 raise
         if not keep_job:
             self.delete(namespace, name)

@@ -114,7 +114,8 @@ def _check_placement(spec: JobSpec, problems: list[str]) -> None:
             continue
         operator, effect = toleration.get("operator", "Equal"), toleration.get("effect", "")
         if operator not in TOLERATION_OPERATORS:
-            problems.append(f"tolerations[{index}].operator is {operator!r}, expected one of {list(TOLERATION_OPERATORS)}")
+            problems.append(f"tolerations[{index}].operator is {operator!r}, "
+                            f"expected one of {list(TOLERATION_OPERATORS)}")
         if effect and effect not in TOLERATION_EFFECTS:
             problems.append(f"tolerations[{index}].effect is {effect!r}, expected one of {list(TOLERATION_EFFECTS)}")
 

@@ -12,7 +12,9 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | `ALIGNFLOW_NODE_SELECTOR` | JSON object: the pods' nodeSelector |
 | `ALIGNFLOW_TOLERATIONS` | JSON list: the pods' tolerations |
 | `ALIGNFLOW_GPU_RESOURCE` | the GPU extended resource (default `nvidia.com/gpu`) |
-| `ALIGNFLOW_PRIORITY_CLASS`, `ALIGNFLOW_KUEUE_QUEUE`, `ALIGNFLOW_SERVICE_ACCOUNT` | pods' PriorityClass, the job's Kueue LocalQueue, the pods' ServiceAccount |
+| `ALIGNFLOW_PRIORITY_CLASS` | the pods' PriorityClass |
+| `ALIGNFLOW_KUEUE_QUEUE` | the Kueue LocalQueue (label `kueue.x-k8s.io/queue-name` on the job) |
+| `ALIGNFLOW_SERVICE_ACCOUNT` | the pods' ServiceAccount |
 | `ALIGNFLOW_ALLOWED_IMAGES` | comma-separated trainer images or registry/repository prefixes a job may run |
 | `ALIGNFLOW_ALLOWED_SECRETS` | comma-separated Secret names a job may read S3 credentials from |
 

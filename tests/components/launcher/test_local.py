@@ -59,3 +59,25 @@ def test_job_past_its_deadline_is_killed_and_reported(tmp_path):
     with pytest.raises(LaunchError, match="timed out") as err:
         run_local(job, timeout=3, log=lambda line: None)
     assert "working" in str(err.value)
+
+
+def test_secret_references_resolve_from_this_environment(tmp_path, monkeypatch, caplog):
+    from components.launcher import SecretEnv
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-the-local-environment")
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    job = job_for(tmp_path, {}, num_nodes=1, secret_env=[
+        SecretEnv("AWS_SECRET_ACCESS_KEY", "s3", "AWS_SECRET_ACCESS_KEY"),
+        SecretEnv("AWS_ACCESS_KEY_ID", "s3", "AWS_ACCESS_KEY_ID"),
+        SecretEnv("MLFLOW_TRACKING_TOKEN", "mlflow", "MLFLOW_TRACKING_TOKEN", optional=True)])
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["command"] = [sys.executable, "-c", "import os; print(os.environ['AWS_SECRET_ACCESS_KEY'], "
+                            "os.environ.get('MLFLOW_TRACKING_TOKEN'), os.environ['OMP_NUM_THREADS'])"]
+    lines: list[str] = []
+    with caplog.at_level("WARNING", logger="components.launcher"):
+        run_local(job, timeout=60, log=lines.append)
+    assert lines == ["[master-0] from-the-local-environment None 1"]
+    # A missing required Secret value is said once; an optional one is not.
+    warnings = [r.getMessage() for r in caplog.records if "comes from Secret" in r.getMessage()]
+    assert warnings == ["local mode: AWS_ACCESS_KEY_ID comes from Secret s3 on Kubernetes and is not set here"]
