@@ -1,12 +1,15 @@
-"""The experience-driven Trainer with an explorer in a separate process.
+"""The experience-driven Trainer with an explorer in a separate process (or a thread).
 
 Experience flows through a file buffer, weight versions advance and the explorer loads them, the
 run ends cleanly when the explorer stops, and a stalled producer ends in a timeout, not a hang.
+PPO with a critic runs through the same engine; stale batches are importance-corrected, and
+rejected beyond `asynchronous.max_staleness`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -16,12 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from tests.conftest import stage_dict
 from trainer.asynchronous.buffer import QueueBuffer
 from trainer.asynchronous.engine import Trainer
 from trainer.asynchronous.explorer import Explorer
+from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import latest_version
 from trainer.config import build_config
 from trainer.errors import WaitTimeout
@@ -38,9 +44,22 @@ def async_config(tmp_path, model, prompts, **asynchronous) -> dict:
                       | asynchronous)
 
 
-def trainer_command(config_path: Path, mode: str, *overrides: str) -> list[str]:
+def ppo_async_config(tmp_path, model, prompts, **asynchronous) -> dict:
+    return stage_dict("ppo", tmp_path / "run", model, prompts, optimizer={"lr": 5e-4, "scheduler": "constant"},
+                      train={"micro_batch_size": 8}, generation={"max_new_tokens": 4, "temperature": 0.7},
+                      reward={"function": "trainer.tiny.task:reward"},
+                      ppo={"rollout_batch_size": 8, "mini_batch_size": 8, "critic_lr": 1e-3},
+                      asynchronous={"total_steps": 3, "sync_interval": 1, "sync_offset": 1, "wait_timeout": 60}
+                      | asynchronous)
+
+
+def metric_lines(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+
+
+def trainer_command(config_path: Path, mode: str, *overrides: str, stage: str = "grpo") -> list[str]:
     sets = [item for override in overrides for item in ("--set", override)]
-    return [sys.executable, "-m", "trainer", "grpo", "--config", str(config_path), "--mode", mode, *sets]
+    return [sys.executable, "-m", "trainer", stage, "--config", str(config_path), "--mode", mode, *sets]
 
 
 def run(command: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
@@ -64,6 +83,38 @@ def test_trainer_and_explorer_exchange_experience_and_weights(tmp_path, rl_start
     assert all(int(version) >= int(batch) - 2 for batch, version in written), written
     assert (output / "model" / "model.safetensors").is_file()
     assert (output / "checkpoints" / "latest").read_text().strip() == "step-00000004"
+    steps = [line for line in metric_lines(output) if "loss" in line]
+    assert [line["step"] for line in steps] == [1, 2, 3, 4]
+    # Every batch carried its behaviour log-probs and was importance-corrected; a batch one version
+    # old (sync_offset 1) gets weights that differ from 1 but stay near it on this small update.
+    assert all(0.5 < line["staleness/importance_weight"] < 1.5 for line in steps), steps
+    assert max(line["staleness/max"] for line in steps) <= 1 and steps[-1]["staleness/rejected"] == 0
+
+
+def test_ppo_with_a_critic_trains_asynchronously_end_to_end(tmp_path, rl_start_model, task_files):
+    config_path = tmp_path / "ppo.yaml"
+    config_path.write_text(yaml.safe_dump(ppo_async_config(tmp_path, rl_start_model, task_files["prompts"])))
+
+    done = run(trainer_command(config_path, "both", stage="ppo"))
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = tmp_path / "run"
+    assert latest_version(output / "weights") == 3
+    checkpoint = output / "checkpoints" / "step-00000003"
+    assert (output / "checkpoints" / "latest").read_text().strip() == checkpoint.name
+    assert {"actor.pt", "critic.pt"} <= {p.name for p in checkpoint.iterdir()}  # one checkpoint, both roles
+    steps = [line for line in metric_lines(output) if "loss" in line]
+    assert len(steps) == 3
+    assert all("value_loss" in line and "critic/grad_norm" in line and "critic/values/mean" in line for line in steps)
+    # The exported critic is the final checkpoint's, and its backbone moved away from the policy's
+    # weights it started from (critic_model_path and reward.model_path are unset).
+    final_head = torch.load(checkpoint / "critic.pt", weights_only=True)["head.weight"]
+    torch.testing.assert_close(load_file(output / "critic" / "value_head.safetensors")["head.weight"], final_head)
+    start = load_file(rl_start_model / "model.safetensors")
+    critic = load_file(output / "critic" / "model.safetensors")
+    shared = [key for key in critic if f"model.{key}" in start]
+    assert shared and any(not torch.equal(critic[key], start[f"model.{key}"]) for key in shared)
+    assert (output / "model" / "model.safetensors").is_file()
 
 
 def test_trainer_ends_cleanly_when_the_explorer_stops_early(tmp_path, rl_start_model, task_files):
@@ -107,17 +158,18 @@ def test_explorer_without_trainer_ends_in_a_timeout_error(tmp_path, rl_start_mod
         Explorer(config).run()
 
 
-def test_trainer_and_explorer_thread_share_an_in_process_queue(tmp_path, rl_start_model, task_files):
+def test_trainer_and_explorer_thread_share_a_queue_and_an_in_process_synchronizer(tmp_path, rl_start_model,
+                                                                                    task_files):
     config = build_config("grpo", async_config(tmp_path, rl_start_model, task_files["prompts"], total_steps=3))
-    queue = QueueBuffer()
-    explorer = Explorer(config, buffer=queue)
+    queue, synchronizer = QueueBuffer(), Synchronizer()
+    explorer = Explorer(config, buffer=queue, synchronizer=synchronizer)
     thread = threading.Thread(target=explorer.run, daemon=True)
 
     async def train() -> int:
-        trainer = Trainer(config, buffer=queue)
+        trainer = Trainer(config, buffer=queue, synchronizer=synchronizer)
         try:
             await trainer.prepare()
-            thread.start()  # after version 0 is published
+            thread.start()  # after version 0 is uploaded
             await trainer.train()
             return trainer.train_step_num
         finally:
@@ -126,3 +178,73 @@ def test_trainer_and_explorer_thread_share_an_in_process_queue(tmp_path, rl_star
     assert asyncio.run(train()) == 3
     thread.join(timeout=60)
     assert explorer.version >= 1  # the explorer thread loaded a newer version than the first
+    assert synchronizer.latest_version == 3
+    assert not (tmp_path / "run" / "weights").exists()  # the memory channel, not the weights directory
+
+
+def test_a_batch_older_than_max_staleness_is_rejected_and_counted(tmp_path, rl_start_model, task_files):
+    # sync_interval 1 and sync_offset 0: the explorer protocol only produces fresh batches, so the
+    # limit is 0. Three batches of weight version 0: the first trains (step 1, version 1), the other
+    # two are then one version old and are dropped; the buffer closes and the run ends after 1 step.
+    config = build_config("grpo", async_config(tmp_path, rl_start_model, task_files["prompts"], total_steps=2,
+                                               sync_offset=0, max_staleness=0))
+    queue, synchronizer = QueueBuffer(), Synchronizer()
+    explorer = Explorer(config, buffer=queue, synchronizer=synchronizer)
+
+    async def train() -> Trainer:
+        trainer = Trainer(config, buffer=queue, synchronizer=synchronizer)
+        try:
+            await trainer.prepare()
+            explorer.refresh_weights(0)
+            for _ in range(3):
+                queue.put(explorer.make_batch())
+            queue.close()
+            await trainer.train()
+            return trainer
+        finally:
+            await trainer.shutdown()
+
+    trainer = asyncio.run(train())
+    assert trainer.train_step_num == 1 and trainer.num_rejected == 2
+    lines = metric_lines(tmp_path / "run")
+    assert [line["staleness/rejected"] for line in lines if "loss" not in line and "staleness/rejected" in line] == [1, 2]
+    assert [line for line in lines if "loss" in line][0]["staleness/max"] == 0
+
+
+
+def test_ppo_trainer_resumes_actor_critic_and_step_from_its_checkpoint(tmp_path, rl_start_model, task_files):
+    config = build_config("ppo", ppo_async_config(tmp_path, rl_start_model, task_files["prompts"], total_steps=3))
+    synchronizer, queue = Synchronizer(), QueueBuffer()
+    explorer = Explorer(config, buffer=queue, synchronizer=synchronizer)
+
+    async def two_steps_then_preempted() -> Trainer:
+        # The Trainer's own API, step by step: two steps and a checkpoint, then the process "dies"
+        # (no final save, no export) before the third.
+        trainer = Trainer(config, buffer=queue, synchronizer=synchronizer)
+        try:
+            await trainer.prepare()
+            for _ in range(2):
+                explorer.refresh_weights(trainer.train_step_num)
+                queue.put(explorer.make_batch())
+                await trainer.train_step(await trainer._sample_data({}))
+                await trainer.sync_weight()
+            trainer.save_checkpoint(block_until_saved=True)
+            return trainer
+        finally:
+            await trainer.shutdown()
+
+    first = asyncio.run(two_steps_then_preempted())
+    saved_critic = torch.load(tmp_path / "run" / "checkpoints" / "step-00000002" / "critic.pt", weights_only=True)
+
+    synchronizer = Synchronizer()
+    resumed = Trainer(config, buffer=QueueBuffer(), synchronizer=synchronizer)
+    try:
+        asyncio.run(resumed.prepare())
+        engine = resumed.engine
+        assert resumed.train_step_num == 2 == first.train_step_num
+        assert synchronizer.latest_version == 2  # the explorer continues from the trainer's weights
+        torch.testing.assert_close(engine.critic_wg.module.state_dict(), saved_critic)
+        assert engine.actor_rollout_wg.actor.num_optimizer_steps == first.engine.actor_rollout_wg.actor.num_optimizer_steps
+        assert engine.kl_controller.value == first.engine.kl_controller.value
+    finally:
+        asyncio.run(resumed.shutdown())

@@ -8,6 +8,8 @@ plus `beta` times the k3 KL estimate to the reference (eq. 4). Aggregation:
 - `sequence`: mean over tokens within each response, then over responses (the paper's eq. 3).
 
 A group whose responses all score the same carries no signal: its advantages are 0 (not NaN).
+Stale experience from the asynchronous engine is corrected as `ppo` describes (the batch's
+`importance_weights` multiply the clipped surrogate; the KL term is left unweighted).
 
 Logged metrics: `loss`, `kl/ref` (mean k3 to the reference), `clip_fraction`.
 """
@@ -52,7 +54,8 @@ class GRPOObjective:
         mask = batch["action_mask"].float()  # (B, T)
         logps = response_logps(model, batch)  # (B, T)
         advantages = batch["advantages"]  # (B, T): the sequence advantage on every response token
-        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], advantages, cliprange=self.epsilon)
+        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], advantages, cliprange=self.epsilon,
+                                              importance_weights=batch.get("importance_weights"))
         kl = kl_estimate(logps, batch["ref_logps"], "k3")
         per_token = losses + self.beta * kl  # (B, T)
         if self.loss_aggregation == "token":

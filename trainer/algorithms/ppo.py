@@ -8,11 +8,23 @@ every token (the seed project did that, and it collapses training).
 Advantages: GAE(gamma, lambda) over response tokens only (Schulman et al. 2016, eq. 16);
 returns = advantages + values. Optionally whitened over the batch.
 
-Policy loss (Schulman et al. 2017, eq. 7), per token: max(-A * ratio, -A * clip(ratio, 1-eps, 1+eps)).
+Policy loss (Schulman et al. 2017, eq. 7), per token: max(-A * ratio, -A * clip(ratio, 1-eps, 1+eps)),
+ratio = pi_theta / pi_old.
 Value loss, per token: 0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2).
 
-Logged metrics: `loss` (policy), `value_loss`, `kl/approx` (mean 0.5 (log ratio)^2 vs the
-behaviour policy), `clip_fraction`, `entropy`, `value_clip_fraction`.
+Stale experience (the asynchronous engine): responses sampled by an explorer holding older weights
+pi_behav are learnt from with the decoupled PPO objective (Hilton, Cobbe and Schulman 2022, "Batch
+size-invariance for policy optimization", arXiv:2110.00641): pi_old becomes the proximal policy
+(the trainer's weights at the start of the step) and each token's clipped surrogate is multiplied
+by the importance weight
+    w_t = min(pi_old(a_t) / pi_behav(a_t), cap)
+truncated as V-trace truncates rho (Espeholt et al. 2018, "IMPALA", eq. 1, rho-bar) and as
+truncated importance sampling does for rollout/trainer mismatch (Yao et al. 2025). On-policy
+(pi_behav = pi_old) w = 1 and the loss is the one above. The weight multiplies the policy term
+only; regularisers (entropy bonus, GRPO's KL) are left as they are.
+
+Logged metrics: `loss` (policy), `value_loss`, `kl/approx` (mean 0.5 (log ratio)^2 vs pi_old),
+`clip_fraction`, `entropy`, `value_clip_fraction`.
 """
 
 from __future__ import annotations
@@ -96,13 +108,28 @@ def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (values - mean) * torch.rsqrt(variance + eps) * mask
 
 
-def clipped_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *,
-                        cliprange: float) -> tuple[Tensor, Tensor]:
-    """Per-token PPO clipped surrogate (to minimise) and whether each token was clipped. (B, T) each."""
+def truncated_importance_weights(old_logps: Tensor, behaviour_logps: Tensor, *, cap: float) -> Tensor:
+    """Per-token w = min(pi_old / pi_behav, cap), constants for the gradient. Inputs (B, T); returns (B, T).
+
+    Masked positions (both log-probs 0) get weight 1. exp overflowing to inf is truncated to `cap`.
+    """
+    return torch.exp((old_logps - behaviour_logps).detach()).clamp(max=cap)  # (B, T)
+
+
+def clipped_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, cliprange: float,
+                        importance_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-token PPO clipped surrogate (to minimise) and whether each token was clipped. (B, T) each.
+
+    With `importance_weights` (B, T) (see `truncated_importance_weights`) this is the decoupled
+    objective: w * max(-A * ratio, -A * clip(ratio, 1-eps, 1+eps)), ratio against the proximal `old_logps`.
+    """
     ratio = torch.exp(logps - old_logps)  # (B, T)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    losses = torch.maximum(unclipped, clipped)  # (B, T)
+    if importance_weights is not None:
+        losses = importance_weights * losses  # w >= 0, so it commutes with the max
+    return losses, (clipped > unclipped).float()
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *,
@@ -181,7 +208,8 @@ class PPOActorObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mask = batch["action_mask"].float()
         logps, entropy = response_logps(model, batch, with_entropy=True)  # (B, T) each
-        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], cliprange=self.cliprange)
+        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], cliprange=self.cliprange,
+                                              importance_weights=batch.get("importance_weights"))
         total = (losses * mask).sum() - self.entropy_coef * (entropy * mask).sum()
         log_ratio = (logps - batch["old_logps"]).detach()
         stats = {

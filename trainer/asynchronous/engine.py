@@ -1,13 +1,30 @@
-"""The experience-driven training API of Trinity-RFT: `TrainEngineWrapper` and `Trainer`.
+"""The experience-driven training API of Trinity-RFT: `Trainer`, `TrainEngineWrapper`, `get_trainer_wrapper`.
 
-A `Trainer` consumes batches of experience from a buffer that an explorer (another process, see
-`trainer.asynchronous.explorer`) fills, trains on each through a `TrainEngineWrapper`, publishes new weight
-versions for the explorer every `sync_interval` steps, and saves checkpoints. The native engine,
-`TorchTrainEngine`, reuses the colocated PPO/GRPO trainer (`trainer.online.loop`): the same annotation
-and the same `train_step`, so no loss exists twice.
+Seed: `trinity/trainer/trainer.py` (the newer API: `prepare`, `train_step` and `need_sync` are
+coroutines; `sync_weight` returns a dict of metrics; `save_checkpoint` is a plain method that
+returns one). A `Trainer` takes batches of experience from a buffer that an explorer fills
+(`trainer.asynchronous.explorer`), rejects batches that are too stale (`trainer.asynchronous.staleness`),
+trains on the rest through a `TrainEngineWrapper`, publishes new weight versions every
+`sync_interval` steps, saves checkpoints, and logs every step's metrics. The native engine,
+`trainer.asynchronous.verl.verl_trainer.TorchTrainEngine`, is the seed's verl layer on plain PyTorch.
 
-The asynchronous path runs the trainer as one process (the explorer is separate); data-parallel
-trainer ranks are not supported here yet.
+Publishing weights is one act with three channels, chosen as the seed's `sync_method` chooses:
+an in-process `Synchronizer` given to the `Trainer` (the seed's "memory": `upload_state_dict`),
+else the weights directory (the seed's "checkpoint": `save_state_dict`). The seed's third,
+`sync_weight` over a collective group ("nccl"), has no counterpart here (no separate inference engine).
+
+Deliberate differences from the seed, and why:
+
+- `prepare` publishes the trainer's current weights: the explorer waits for a published version
+  rather than loading the model path itself, so a resumed run's explorer continues from the
+  trainer's weights, not the initial ones;
+- an error in a step ends `train` with that error: the seed logs it, breaks out and saves, which
+  turns a failed run into a "finished" one;
+- batches older than `asynchronous.max_staleness` weight versions are dropped and counted
+  (`staleness/rejected`); the seed's default sample strategy takes whatever the buffer holds.
+
+Metrics logged each step: the engine's (`TorchTrainEngine` lists them), `time/train_step`,
+`time/sync_weight`, `time/trainer_sync_interval`, `time/save_checkpoint` and `staleness/rejected`.
 """
 
 from __future__ import annotations
@@ -16,124 +33,67 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Any
 
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
-from trainer.asynchronous.weights import publish_weights, weights_dir
+from trainer.asynchronous.staleness import is_too_stale
+from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
 from trainer.errors import ConfigError, WaitTimeout
-from trainer.online.experience import Experience, concat_experiences
+from trainer.online.experience import Experience
+from trainer.tracking.tracker import NullTracker, Tracker
 
 logger = logging.getLogger(__name__)
 
 
 class TrainEngineWrapper(ABC):
-    """What the `Trainer` needs from a training backend."""
+    """What the `Trainer` needs from a training backend (the seed's abstract methods, plus `tracker` and `close`)."""
 
     @abstractmethod
-    def prepare(self) -> None:
-        """Load models, optimizers and the latest checkpoint."""
+    async def prepare(self) -> None:
+        """Load models and optimizers, resume from the latest checkpoint, open the outputs."""
 
     @property
     @abstractmethod
     def train_step_num(self) -> int:
-        """Optimizer-step batches trained so far (restored on resume)."""
+        """Trainer steps done so far (restored on resume); also the policy's weight version."""
 
     @abstractmethod
-    def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
-        """Train on a batch of experiences; return metrics."""
+    async def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
+        """Train on a batch of experiences; return the step's metrics."""
 
     @abstractmethod
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
-        """Save a resumable checkpoint (in the background unless `block_until_saved`); `save_as_hf` also exports."""
+        """Save a resumable checkpoint (in the background unless `block_until_saved`); `save_as_hf` also
+        exports the model(s) in Hugging Face format and publishes the run's outputs."""
 
     @abstractmethod
     def sync_weight(self) -> None:
-        """Make the current policy available to explorers."""
+        """Push the policy to explorers over a collective group (the seed's "nccl" sync method)."""
 
     @abstractmethod
-    def upload_state_dict(self) -> dict[str, Any]:
-        """The policy's full state dict, for an explorer in the same process."""
+    def upload_state_dict(self) -> None:
+        """Hand the policy's full state dict to the in-process synchronizer (the seed's "memory" sync)."""
 
     @abstractmethod
     def save_state_dict(self) -> None:
-        """Publish the policy as a numbered version in the weights directory."""
-
-
-class TorchTrainEngine(TrainEngineWrapper):
-    """Native PyTorch engine over the colocated PPO/GRPO trainer's models and update step."""
-
-    def __init__(self, config: OnlineStageConfig) -> None:
-        self.config = config
-        self.options = config.algorithm
-        self._step = 0
-
-    def prepare(self) -> None:
-        from trainer.context import build_context
-        from trainer.online.stages import build_online_trainer
-
-        self.context = build_context(self.config)
-        if self.context.env.is_distributed:
-            raise ConfigError("the experience-driven Trainer runs as one process; use mode 'colocated' for torchrun")
-        self.trainer = build_online_trainer(self.config, self.context)
-        latest = self.trainer.checkpoints.latest() if self.config.checkpoint.resume else None
-        if latest is not None:
-            self._step = self.trainer.checkpoints.load(latest, self.trainer.components())["train_step"]
+        """Publish the policy as a numbered version in the weights directory (the seed's "checkpoint" sync)."""
 
     @property
-    def train_step_num(self) -> int:
-        return self._step
+    @abstractmethod
+    def tracker(self) -> Tracker:
+        """Where the run's metrics go (valid after `prepare`)."""
 
-    def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
-        raw = concat_experiences(batch_exps, self.context.tokenizer.pad_token_id).to(self.trainer.device)
-        # Old log-probs are recomputed with the current policy, as in the colocated path.
-        sequences = {k: getattr(raw, k) for k in ("input_ids", "attention_mask", "action_mask", "position_ids")}
-        experience = self.trainer.annotate(sequences, raw.scores, version=raw.version)
-        metrics: dict[str, float] = {}
-        for _ in range(self.options.num_update_epochs):
-            for minibatch in experience.split(self.options.mini_batch_size):
-                metrics = self.trainer.learn_minibatch(minibatch)
-                self.trainer.global_step += 1
-        self._step += 1
-        metrics.update({"reward_mean": float(raw.scores.mean()), "staleness": float(self._step - 1 - raw.version)})
-        self.trainer.tracker.log_metrics(metrics, self._step)
-        return metrics
-
-    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
-        state = {"train_step": self._step, "episode": 0, "global_step": self.trainer.global_step,
-                 "kl_coef": self.trainer.kl_controller.value, **self.trainer.prompts.position()}
-        # Non-blocking: tensors are copied, then written (uploaded) by a background thread.
-        self.trainer.checkpoints.save(self.trainer.components(), state, self._step, block=block_until_saved)
-        if save_as_hf:
-            from trainer.context import finish_stage
-
-            trainer = self.trainer
-            exports = {"model": trainer.actor} | ({"critic": trainer.critic} if trainer.critic is not None else {})
-            finish_stage(self.context, exports, {"train_step": self._step, **trainer.last_metrics}, self._step,
-                         samples=trainer.samples)
-
-    def wait_for_save(self) -> None:
-        self.trainer.checkpoints.wait()
-
-    def sync_weight(self) -> None:
-        self.save_state_dict()
-
-    def upload_state_dict(self) -> dict[str, Any]:
-        return self.context.booster.full_state_dict(self.trainer.actor)
-
-    def save_state_dict(self) -> None:
-        publish_weights(weights_dir(self.config), self.upload_state_dict(), self._step)
-        logger.info("published weight version %d", self._step)
-
+    @abstractmethod
     def close(self) -> None:
-        self.wait_for_save()
-        self.context.tracker.close()
+        """Wait for background saves and close the tracker."""
 
 
-def get_trainer_wrapper(config: StageConfig) -> TrainEngineWrapper:
+def get_trainer_wrapper(config: StageConfig, synchronizer: Synchronizer | None = None) -> TrainEngineWrapper:
     """The engine for a config: the native torch engine for PPO and GRPO."""
     if isinstance(config, (PPOConfig, GRPOConfig)):
-        return TorchTrainEngine(config)
+        from trainer.asynchronous.verl.verl_trainer import TorchTrainEngine
+
+        return TorchTrainEngine(config, synchronizer)
     raise ConfigError(f"no experience-driven engine for {type(config).__name__}; it supports ppo and grpo")
 
 
@@ -141,81 +101,125 @@ class Trainer:
     """Consumes experience, trains, syncs weights and saves (Trinity-RFT's `Trainer` API).
 
     Args:
-        config: A PPO or GRPO config; its `asynchronous` section sets buffer, weights, intervals
-            and timeouts.
+        config: A PPO or GRPO config; its `asynchronous` section sets buffer, weights, intervals,
+            staleness limits and timeouts.
         buffer: Where experience comes from; default the file buffer in `asynchronous.buffer_dir`
             (a `QueueBuffer` serves an explorer thread in the same process).
+        synchronizer: Publish weights to this in-process synchronizer instead of the weights
+            directory (for an explorer thread in the same process).
     """
 
-    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None) -> None:
+    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None,
+                 synchronizer: Synchronizer | None = None) -> None:
         self.config = config
         self.options = config.asynchronous
-        self.engine = get_trainer_wrapper(config)
+        self.engine = get_trainer_wrapper(config, synchronizer)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
+        self.sync_method = "memory" if synchronizer is not None else "checkpoint"
+        self.sync_interval = self.options.sync_interval
+        self.save_interval = self.options.save_interval
+        self.total_steps = self.options.total_steps
+        self.max_staleness = self.options.staleness_limit
+        self.last_sync_step: int | None = None
+        self.last_sync_time: float | None = None
+        self.num_rejected = 0
+        self.monitor: Tracker = NullTracker()
         self._alive = False
-        self._synced_step = -1
-
-    async def prepare(self) -> None:
-        await asyncio.to_thread(self.engine.prepare)
-        self._alive = True
-        if self._synced_step < self.train_step_num:
-            await self.sync_weight()  # the explorer starts from the trainer's current weights
 
     @property
     def train_step_num(self) -> int:
         return self.engine.train_step_num
 
-    def need_sync(self) -> bool:
+    async def prepare(self) -> None:
+        await self.engine.prepare()
+        self.monitor = self.engine.tracker
+        self._alive = True
+        await self.sync_weight()  # the explorer starts from the trainer's current weights
+
+    async def need_sync(self) -> bool:
         step = self.train_step_num
-        return step > self._synced_step and step % self.options.sync_interval == 0
+        return self.last_sync_step != step and step % self.sync_interval == 0
 
     def need_save(self) -> bool:
-        interval = self.options.save_interval
-        return interval > 0 and self.train_step_num > 0 and self.train_step_num % interval == 0
+        return self.save_interval > 0 and self.train_step_num % self.save_interval == 0
+
+    async def sync_weight(self) -> dict[str, float]:
+        """Publish the current policy as version `train_step_num`; returns timing metrics."""
+        metrics: dict[str, float] = {}
+        if self.last_sync_time is not None:
+            metrics["time/trainer_sync_interval"] = time.monotonic() - self.last_sync_time
+        started = time.monotonic()
+        publish = self.engine.upload_state_dict if self.sync_method == "memory" else self.engine.save_state_dict
+        await asyncio.to_thread(publish)
+        metrics["time/sync_weight"] = time.monotonic() - started
+        self.last_sync_step, self.last_sync_time = self.train_step_num, time.monotonic()
+        return metrics
+
+    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> dict[str, float]:
+        """Save a checkpoint of the current step; returns timing metrics."""
+        started = time.monotonic()
+        logger.info("saving checkpoint at trainer step %d", self.train_step_num)
+        self.engine.save_checkpoint(block_until_saved=block_until_saved, save_as_hf=save_as_hf)
+        return {"time/save_checkpoint": time.monotonic() - started}
 
     async def train_step(self, exps: list[Experience]) -> dict[str, float]:
-        return await asyncio.to_thread(self.engine.train_step, exps)
+        started = time.monotonic()
+        metrics = await self.engine.train_step(exps)
+        return metrics | {"time/train_step": time.monotonic() - started}
 
-    async def sync_weight(self) -> None:
-        await asyncio.to_thread(self.engine.sync_weight)
-        self._synced_step = self.train_step_num
-
-    async def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
-        await asyncio.to_thread(self.engine.save_checkpoint, block_until_saved, save_as_hf)
-
-    async def _next_batch(self) -> Experience | None:
-        """The next batch, syncing weights while waiting so a producer waiting for them can go on."""
+    async def _next_batch(self, metrics: dict[str, float]) -> Experience | None:
+        """The next batch from the buffer, syncing weights while waiting so an explorer waiting for them can go on."""
         deadline = time.monotonic() + self.options.wait_timeout
         while True:
             try:
                 return await asyncio.to_thread(self.buffer.get, min(1.0, self.options.wait_timeout))
             except WaitTimeout:
-                if self.need_sync():
-                    await self.sync_weight()
+                if await self.need_sync():
+                    metrics.update(await self.sync_weight())
                 if time.monotonic() > deadline:
-                    raise WaitTimeout(f"{getattr(self.buffer, 'directory', 'buffer')}: no experience for {self.options.wait_timeout:g} s "
-                                        f"at trainer step {self.train_step_num}; is the explorer running?") from None
+                    raise WaitTimeout(f"{getattr(self.buffer, 'directory', 'buffer')}: no experience for "
+                                      f"{self.options.wait_timeout:g} s at trainer step {self.train_step_num}; "
+                                      "is the explorer running?") from None
+
+    async def _sample_data(self, metrics: dict[str, float]) -> list[Experience] | None:
+        """The next batch young enough to learn from, or None once the explorer closed the buffer.
+
+        Batches more than `max_staleness` weight versions old are dropped, counted and logged.
+        """
+        while (batch := await self._next_batch(metrics)) is not None:
+            if not is_too_stale(batch, self.train_step_num, self.max_staleness):
+                metrics["staleness/rejected"] = float(self.num_rejected)
+                return [batch]
+            self.num_rejected += 1
+            logger.warning("rejected a batch of weight version %d at trainer version %d: older than "
+                           "asynchronous.max_staleness %d (%d rejected so far)", batch.version, self.train_step_num,
+                           self.max_staleness, self.num_rejected)
+            self.monitor.log_metrics({"staleness/rejected": float(self.num_rejected)}, self.train_step_num)
+        return None
 
     async def train(self) -> str:
-        """Train until `total_steps` or until the explorer closes the buffer; end with a blocking save."""
-        while self.train_step_num < self.options.total_steps:
-            batch = await self._next_batch()
-            if batch is None:
+        """Train until `total_steps` or until the explorer closes the buffer; end with a blocking save and export."""
+        while self.train_step_num < self.total_steps:
+            metrics: dict[str, float] = {}
+            exps = await self._sample_data(metrics)
+            if exps is None:
                 logger.info("the explorer closed the buffer after %d steps", self.train_step_num)
                 break
-            metrics = await self.train_step([batch])
-            logger.info("trainer step %d: reward %.3f, loss %.4f", self.train_step_num, metrics["reward_mean"],
-                        metrics.get("loss", float("nan")))
-            if self.need_sync():
-                await self.sync_weight()
+            metrics.update(await self.train_step(exps))
+            if await self.need_sync():
+                metrics.update(await self.sync_weight())
             if self.need_save():
-                await self.save_checkpoint()
-        await self.save_checkpoint(block_until_saved=True, save_as_hf=True)
+                metrics.update(self.save_checkpoint())
+            self.monitor.log_metrics(metrics, self.train_step_num)
+            logger.info("trainer step %d: score %.3f, loss %.4f, staleness %.0f", self.train_step_num,
+                        metrics.get("critic/score/mean", float("nan")), metrics.get("loss", float("nan")),
+                        metrics.get("staleness/max", float("nan")))
+        self.save_checkpoint(block_until_saved=True, save_as_hf=True)
         return "finished"
 
     async def shutdown(self) -> None:
-        if self._alive:
-            await asyncio.to_thread(self.engine.close)
+        """Wait for background saves and close the tracker (also after a failed `prepare`)."""
+        await asyncio.to_thread(self.engine.close)
         self._alive = False
 
     async def is_alive(self) -> bool:

@@ -5,6 +5,12 @@ generated once weight version `(i - sync_offset) // sync_interval * sync_interva
 published, so the explorer runs at most `sync_offset` steps ahead of the trainer. It closes the
 buffer when it has produced `total_steps` batches (or `num_batches`, if given), which ends the
 trainer's run cleanly.
+
+Each batch records the weight version that generated it and the per-token log-probs of its
+responses under those weights (`behaviour_logps`, the same untempered softmax the trainer
+computes), which the trainer needs to correct for staleness (`trainer.asynchronous.staleness`).
+Weights come from the weights directory, or from an in-process `Synchronizer` when the explorer
+is a thread of the trainer's process.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import logging
 
 import torch
 
+from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
+from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import load_version, wait_for_version, weights_dir
 from trainer.config import OnlineStageConfig
 from trainer.context import seed_everything
@@ -39,9 +47,11 @@ class Explorer:
     Args:
         config: The stage config (model, prompts, generation, reward, `asynchronous` section).
         buffer: Where batches go; default the file buffer in `asynchronous.buffer_dir`.
+        synchronizer: Take weights from this in-process synchronizer instead of the weights directory.
     """
 
-    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None) -> None:
+    def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None,
+                 synchronizer: Synchronizer | None = None) -> None:
         self.config = config
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
@@ -54,27 +64,38 @@ class Explorer:
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self.batch_size = config.algorithm.rollout_batch_size
         self.repeat = config.num_generations
+        self.synchronizer = synchronizer
+
+    def wait_for_version(self, minimum: int) -> int:
+        """Block until weight version >= `minimum` is published; the newest version."""
+        if self.synchronizer is not None:
+            return self.synchronizer.wait_for_version(minimum, self.options.wait_timeout)
+        return wait_for_version(weights_dir(self.config), minimum, self.options.wait_timeout)
 
     def refresh_weights(self, minimum: int) -> None:
         """Wait for version >= minimum; load the newest if it is newer than the one in use."""
-        newest = wait_for_version(weights_dir(self.config), minimum, self.options.wait_timeout)
-        if newest > self.version:
-            self.version, state = load_version(weights_dir(self.config))
+        if self.wait_for_version(minimum) > self.version:
+            if self.synchronizer is not None:
+                self.version, state = self.synchronizer.get_model_state_dict()
+            else:
+                self.version, state = load_version(weights_dir(self.config))
             self.policy.load_state_dict(state)
             logger.info("explorer loaded weight version %d", self.version)
 
     @torch.no_grad()
     def make_batch(self) -> Experience:
+        """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
         rollout = generate_and_score(self.policy, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
         return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
-                          version=self.version)
+                          behaviour_logps=behaviour_logps.cpu(), version=self.version)
 
     def run(self, num_batches: int | None = None) -> int:
         """Produce batches, then close the buffer. Returns the number of batches written."""
         seed_everything(self.config.train.seed + 1000)  # its own sampling stream
         # A resumed trainer publishes its current step as the first version: continue from there.
-        first = wait_for_version(weights_dir(self.config), 0, self.options.wait_timeout)
+        first = self.wait_for_version(0)
         total = num_batches if num_batches is not None else self.options.total_steps
         try:
             for index in range(first, total):

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 TOKEN_FIELDS = ("input_ids", "attention_mask", "action_mask", "position_ids", "old_logps", "ref_logps",
-                "values", "rewards", "advantages", "returns")
+                "values", "rewards", "advantages", "returns", "behaviour_logps", "importance_weights")
 
 
 @dataclass
@@ -25,12 +25,18 @@ class Experience:
     scores: Tensor
     """(B,) sequence scores from the reward source."""
     old_logps: Tensor | None = None
-    """Log-probs under the policy that generated the responses (the behaviour policy)."""
+    """Log-probs under the policy at the start of the update (the proximal policy, Hilton et al. 2022):
+    the one that generated the responses in the colocated loop, the trainer's current one in the
+    asynchronous engine."""
     ref_logps: Tensor | None = None
     values: Tensor | None = None
     rewards: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    behaviour_logps: Tensor | None = None
+    """Log-probs under the explorer's weights that generated the responses (asynchronous path only)."""
+    importance_weights: Tensor | None = None
+    """Truncated per-token weights pi_old / pi_behaviour that correct stale experience (asynchronous path)."""
     version: int = 0
     """Weight version of the policy that generated it (the asynchronous path)."""
     info: dict[str, float] = field(default_factory=dict)

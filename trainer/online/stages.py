@@ -48,29 +48,35 @@ def boost_model_parts(booster: Booster, model: nn.Module, optimizer_config: Opti
     return model, optimizer, build_scheduler(optimizer, optimizer_config, total_steps)
 
 
+def load_critic_model(config: PPOConfig) -> nn.Module:
+    """The PPO critic before boosting: `ppo.critic_model_path`, else the reward model, else the policy, with a value head."""
+    critic_path = config.ppo.critic_model_path or config.reward.model_path or config.model.path
+    return load_value_model(config.model.model_copy(update={"lora": None}), critic_path, key="ppo.critic_model_path")
+
+
+def boost_critic(context: RunContext, critic_model: nn.Module, config: PPOConfig,
+                 total_steps: int) -> tuple[Booster, ModelParts]:
+    """The critic on its own booster, with its optimizer at `ppo.critic_lr`."""
+    booster = Booster(context.plugin, config.train.mixed_precision)
+    optimizer_config = config.optimizer.model_copy(update={"lr": config.ppo.critic_lr})
+    return booster, boost_model_parts(booster, critic_model, optimizer_config, total_steps)
+
+
 def build_online_trainer(config: OnlineStageConfig, context: RunContext,
                          stop_after_episodes: int | None = None) -> PPOTrainer:
     """Everything the colocated loop needs, loaded (data first) and boosted; outputs opened."""
     prompts = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
-    ptx_batches = _ptx_batches(config, context)
+    ptx_batches = load_ptx_batches(config, context)
     scorer = build_scorer(config, context.plugin.device)
     reference = load_frozen(load_causal_lm, config.model, context.plugin.device)
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model)
-    critic_model = None
-    if isinstance(config, PPOConfig):
-        critic_path = config.ppo.critic_model_path or config.reward.model_path or config.model.path
-        critic_model = load_value_model(config.model.model_copy(update={"lora": None}), critic_path,
-                                        key="ppo.critic_model_path")
+    critic_model = load_critic_model(config) if isinstance(config, PPOConfig) else None
     open_outputs(context)
     seed_everything(config.train.seed + context.env.rank)  # ranks sample different responses
     total = total_optimizer_steps(config, context.env.world_size)
     actor = boost_model_parts(context.booster, actor_model, config.optimizer, total)
-    critic_booster = Booster(context.plugin, config.train.mixed_precision) if critic_model is not None else None
-    critic = None
-    if critic_model is not None:
-        critic_optimizer_config = config.optimizer.model_copy(update={"lr": config.ppo.critic_lr})
-        critic = boost_model_parts(critic_booster, critic_model, critic_optimizer_config, total)
+    critic_booster, critic = boost_critic(context, critic_model, config, total) if critic_model is not None else (None, None)
     checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last,
                                     boosters={"critic": critic_booster} if critic_booster else None)
     return trainer_class(config)(
@@ -79,7 +85,8 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
         tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes)
 
 
-def _ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dict]:
+def load_ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dict]:
+    """PPO's pretraining (SFT) batches for the ptx loss, in micro-batches; empty without `ppo.ptx_data_path`."""
     if not isinstance(config, PPOConfig) or config.ppo.ptx_data_path is None:
         return []
     examples = load_sft_dataset(config.ppo.ptx_data_path, context.tokenizer, config.data.max_length,

@@ -24,6 +24,7 @@ from trainer.algorithms.ppo import (
     response_logps,
     response_values,
     shape_rewards,
+    truncated_importance_weights,
     whiten,
 )
 from trainer.data.tokenize import IGNORE_INDEX as X
@@ -206,6 +207,46 @@ def test_clipped_policy_loss_matches_hand_values_and_clip_indicator():
     # d(-A r)/d logp = -A r on the unclipped branch; the clipped branch is flat.
     losses.sum().backward()
     torch.testing.assert_close(logps.grad, torch.tensor([[-1.1, 0.0, -0.5, 1.5, 0.0, 1.8]]))
+
+
+# ---- stale experience: truncated importance weights and the decoupled surrogate ------------------
+
+
+def test_truncated_importance_weight_matches_hand_values():
+    # pi_old / pi_behav per token: 0.5 / 0.25 = 2.0 (truncated to the cap 1.5), 0.2 / 0.4 = 0.5,
+    # 0.3 / 0.3 = 1.0 (on-policy), and a masked position (both 0) = exp(0) = 1.
+    old = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.3), 0.0]])
+    behaviour = torch.tensor([[math.log(0.25), math.log(0.4), math.log(0.3), 0.0]])
+    weights = truncated_importance_weights(old, behaviour, cap=1.5)
+    torch.testing.assert_close(weights, torch.tensor([[1.5, 0.5, 1.0, 1.0]]))
+
+
+def test_truncated_importance_weight_of_an_overflowing_ratio_is_the_cap():
+    weights = truncated_importance_weights(torch.tensor([[0.0]]), torch.tensor([[-1000.0]]), cap=2.0)  # exp(1000) = inf
+    torch.testing.assert_close(weights, torch.tensor([[2.0]]))
+
+
+def test_importance_weights_multiply_the_clipped_surrogate_and_carry_no_gradient():
+    # Token 1: A = 1, ratio 1.1 (inside the clip range): loss -1.1, times w = 0.5 -> -0.55.
+    # Token 2: A = -1, ratio 1.5: max(-A r, -A clip(r)) = max(1.5, 1.2) = 1.5 (unclipped), times w = 2 -> 3.0.
+    logps = torch.tensor([[math.log(1.1), math.log(1.5)]], requires_grad=True)
+    weights = torch.tensor([[0.5, 2.0]], requires_grad=True)
+    losses, _ = clipped_policy_loss(logps, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), cliprange=0.2,
+                                    importance_weights=truncated_importance_weights(weights.log(), torch.zeros(1, 2),
+                                                                                    cap=4.0))
+    torch.testing.assert_close(losses, torch.tensor([[-0.55, 3.0]]))
+    losses.sum().backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[-0.55, 3.0]]))  # w * d(-A r)/d logp
+    assert weights.grad is None  # the weights are constants of the step
+
+
+def test_unit_importance_weights_leave_the_objective_unchanged():
+    logps = torch.tensor([[math.log(r) for _, r, _, _ in POLICY_CASES]])
+    advantages = torch.tensor([[a for a, _, _, _ in POLICY_CASES]])
+    plain, _ = clipped_policy_loss(logps, torch.zeros(1, 6), advantages, cliprange=0.2)
+    weighted, _ = clipped_policy_loss(logps, torch.zeros(1, 6), advantages, cliprange=0.2,
+                                      importance_weights=torch.ones(1, 6))
+    torch.testing.assert_close(weighted, plain)
 
 
 # (value, old value, return, expected loss, clipped?) with cliprange_value 0.2:

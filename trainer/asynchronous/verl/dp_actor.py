@@ -1,0 +1,141 @@
+"""`DataParallelPPOActor` and `DataParallelPPOCritic`: one model's log-prob/value passes and its updates.
+
+Seed: `trinity/trainer/verl/dp_actor.py` (over verl's `DataParallelPPOActor`) and verl's
+`DataParallelPPOCritic`. As in the seed, an actor without an optimizer is a reference policy
+(only `compute_log_prob`), `set_algorithm` chooses the policy loss from the algorithm config, and
+`update_policy`/`update_critic` take `num_update_epochs` passes over the step's batch in shuffled
+minibatches. Each minibatch is one call of `trainer.algorithms.update.train_step`, the optimizer
+step of every trainer path, with the objective the colocated loop builds
+(`trainer.online.loop.build_actor_objective`/`build_critic_objective`); the data-parallel part is
+the booster's plugin (DDP, FSDP2), not a wrapper of its own.
+
+Metrics: the objective's (`trainer.algorithms.ppo`/`grpo` list them) plus `grad_norm`, `lr` and
+`num_units`, each the mean over the step's optimizer steps; the critic's keep the colocated
+loop's names (`value_loss`, `critic/grad_norm`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trainer.algorithms.ppo import response_logps, response_values
+from trainer.algorithms.update import Objective, train_step
+from trainer.asynchronous.verl.data_proto import DataProto
+from trainer.booster import Booster
+from trainer.config import OnlineStageConfig
+from trainer.online.loop import build_actor_objective, build_critic_objective, critic_metric_names, micro_batches
+
+
+def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                          objective: Objective, data: DataProto, config: OnlineStageConfig,
+                          generator: torch.Generator, ptx_batches: list[dict] | None = None,
+                          first_step: int = 0) -> dict[str, float]:
+    """`num_update_epochs` shuffled passes over `data` in minibatches of `mini_batch_size`, one `train_step` each.
+
+    Args:
+        booster, model, optimizer, scheduler: What is trained.
+        objective: Forward pass and loss of a micro-batch.
+        data: The step's batch (any device; micro-batches move to the booster's).
+        config: Supplies `num_update_epochs`, `mini_batch_size`, `micro_batch_size` and `max_grad_norm`.
+        generator: Orders the minibatches (the same seed gives actor and critic the same order).
+        ptx_batches: Pretraining batches, cycled through by optimizer step (PPO's ptx loss).
+        first_step: Optimizer steps taken before this call (picks the ptx batch).
+
+    Returns:
+        The mean of each metric over the optimizer steps, plus `num_optimizer_steps`.
+    """
+    options, device = config.algorithm, booster.plugin.device
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(options.num_update_epochs):
+        order = torch.randperm(len(data), generator=generator)
+        for minibatch in data.batch.select(order.to(data.batch.input_ids.device)).split(options.mini_batch_size):
+            ptx = ptx_batches[(first_step + steps) % len(ptx_batches)] if ptx_batches else None
+            batches = micro_batches(minibatch, config.train.micro_batch_size, device, ptx, pin_memory=True)
+            for key, value in train_step(booster, model, optimizer, scheduler, batches, objective,
+                                         config.optimizer.max_grad_norm).items():
+                sums[key] = sums.get(key, 0.0) + value
+            steps += 1
+    return {key: value / max(steps, 1) for key, value in sums.items()} | {"num_optimizer_steps": float(steps)}
+
+
+class DataParallelPPOActor:
+    """The policy being trained, or (without an optimizer) the frozen reference.
+
+    Args:
+        booster: The booster `module` was boosted with.
+        module: The (boosted) causal LM.
+        optimizer, scheduler: Its optimizer and schedule; None for a reference policy.
+        ptx_batches: PPO's pretraining batches for the ptx loss.
+    """
+
+    def __init__(self, booster: Booster, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler: Any = None, ptx_batches: list[dict] | None = None) -> None:
+        self.booster = booster
+        self.actor_module = module
+        self.actor_optimizer = optimizer
+        self.actor_scheduler = scheduler
+        self.ptx_batches = ptx_batches or []
+        self.config: OnlineStageConfig | None = None
+        self.policy_loss_fn: Objective | None = None
+        self.num_optimizer_steps = 0
+
+    def set_algorithm(self, config: OnlineStageConfig) -> None:
+        """Choose the policy objective (GRPO's or PPO's) and the update sizes from the stage config."""
+        self.config = config
+        self.policy_loss_fn = build_actor_objective(config)
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
+        """(B, T) log-probs of the batch's tokens under this model, 0 outside the response."""
+        batch = data.batch
+        size = micro_batch_size or len(batch)
+        was_training = self.actor_module.training
+        self.actor_module.eval()
+        parts = []
+        for micro in batch.to(self.booster.plugin.device).split(size):  # no autocast: as the explorer computes them
+            parts.append(response_logps(self.actor_module, micro.as_batch()) * micro.action_mask)
+        self.actor_module.train(was_training)
+        return torch.cat(parts).to(batch.input_ids.device)
+
+    def update_policy(self, data: DataProto, generator: torch.Generator) -> dict[str, float]:
+        """Train on the batch (which has `old_logps`, `advantages`, maybe `importance_weights`)."""
+        if self.actor_optimizer is None or self.policy_loss_fn is None or self.config is None:
+            raise RuntimeError("update_policy needs an actor with an optimizer after set_algorithm")
+        metrics = update_in_minibatches(self.booster, self.actor_module, self.actor_optimizer, self.actor_scheduler,
+                                        self.policy_loss_fn, data, self.config, generator, self.ptx_batches,
+                                        self.num_optimizer_steps)
+        self.num_optimizer_steps += int(metrics["num_optimizer_steps"])
+        return metrics
+
+
+class DataParallelPPOCritic:
+    """PPO's value model: per-token values and the clipped value-loss update."""
+
+    def __init__(self, booster: Booster, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 config: OnlineStageConfig) -> None:
+        self.booster = booster
+        self.critic_module = module
+        self.critic_optimizer = optimizer
+        self.critic_scheduler = scheduler
+        self.config = config
+        self.value_loss_fn = build_critic_objective(config)
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
+        """(B, T) value of the state before each token, 0 outside the response."""
+        batch = data.batch
+        size = micro_batch_size or len(batch)
+        parts = []
+        for micro in batch.to(self.booster.plugin.device).split(size):
+            parts.append(response_values(self.critic_module, micro.as_batch()) * micro.action_mask)
+        return torch.cat(parts).to(batch.input_ids.device)
+
+    def update_critic(self, data: DataProto, generator: torch.Generator) -> dict[str, float]:
+        """Train the value model on the batch (which has `values` and `returns`)."""
+        metrics = update_in_minibatches(self.booster, self.critic_module, self.critic_optimizer, self.critic_scheduler,
+                                        self.value_loss_fn, data, self.config, generator)
+        return critic_metric_names(metrics)
