@@ -35,3 +35,7 @@ class PipelineError(AlignflowError):
 
 class WaitTimeout(AlignflowError):
     """Something another process should produce (experience, a weight version) did not arrive in time."""
+
+
+class RewardError(AlignflowError):
+    """A reward function raised, ran past its timeout, or returned something other than a finite number."""
