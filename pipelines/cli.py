@@ -2,19 +2,27 @@
 
     alignflow run [PIPELINE] [--preset tiny] [--param key=value ...] [--root DIR]
     alignflow compile PIPELINE -o pipeline.yaml
-    alignflow submit PIPELINE --host URL [--param key=value ...] [--experiment NAME] [--wait]
-    alignflow schedule PIPELINE --host URL --cron "0 3 * * *" [--param key=value ...]
+    alignflow submit [PIPELINE] --host URL [--params-file FILE] [--param key=value ...] [--wait]
+    alignflow schedule [PIPELINE] --host URL --cron "0 3 * * *" [--params-file FILE] [--param key=value ...]
     alignflow upload PIPELINE --host URL [--name NAME] [--version NAME]
+
+submit, schedule and upload take `--namespace` (default `KFP_NAMESPACE`) for multi-user Kubeflow
+and authenticate as pipelines/remote.py describes (`KFP_TOKEN_PATH`, `KFP_TOKEN`).
+Exit codes: 0 done (or submitted), 1 the run did not succeed, 2 a usage or API error, 3 `--wait`
+ran out of time (the run goes on; its link is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from trainer.errors import AlignflowError, PipelineError
+
+EXIT_RUN_FAILED, EXIT_ERROR, EXIT_WAIT_TIMEOUT = 1, 2, 3
 
 
 def parse_params(items: list[str]) -> dict:
@@ -44,61 +52,109 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("pipeline", help="Pipeline name.")
     compile_.add_argument("-o", "--output", type=Path, required=True, help="Where to write the package.")
     for name, text in (("submit", "Start a run on a KFP API server."),
-                       ("schedule", "Create a recurring run (a scheduled retrain)."),
+                       ("schedule", "Create or replace a recurring run (a scheduled retrain)."),
                        ("upload", "Upload the pipeline (or a new version) for the Kubeflow UI.")):
         command = commands.add_parser(name, help=text)
-        command.add_argument("pipeline", help="Pipeline name.")
         command.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow")
-        if name != "upload":
-            command.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Pipeline parameter.")
-            command.add_argument("--experiment", default="alignflow", help="KFP experiment (created if missing).")
+        command.add_argument("--namespace", default=os.environ.get("KFP_NAMESPACE") or None,
+                             help="Kubeflow profile namespace (multi-user) of experiments, runs, recurring runs and "
+                                  "uploads (default: KFP_NAMESPACE; none in single-user Kubeflow).")
+        if name == "upload":
+            command.add_argument("pipeline", help="Pipeline name.")
+            continue
+        command.add_argument("pipeline", nargs="?", default=None,
+                             help="Pipeline name (default: the `pipeline` of --params-file).")
+        command.add_argument("--params-file", type=Path, default=None,
+                             help="YAML parameters file (and the dataset manifest it names); --param wins over it.")
+        command.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Pipeline parameter.")
+        command.add_argument("--experiment", default="alignflow", help="KFP experiment (created if missing).")
+        command.add_argument("--service-account", default=os.environ.get("KFP_SERVICE_ACCOUNT", ""),
+                             help="ServiceAccount of the run's pods (default: KFP_SERVICE_ACCOUNT, else the "
+                                  "namespace's default, `default-editor` in a Kubeflow profile).")
+        command.add_argument("--pipeline-root", default=os.environ.get("ALIGNFLOW_PIPELINE_ROOT", ""),
+                             help="Where the run's artifacts go, e.g. s3://bucket/runs (default: "
+                                  "ALIGNFLOW_PIPELINE_ROOT, else KFP's).")
     submit = commands.choices["submit"]
     submit.add_argument("--run-name", default=None, help="Run name (default: pipeline and time).")
     submit.add_argument("--wait", action="store_true", help="Follow the run; exit 1 unless it succeeds.")
-    submit.add_argument("--timeout", type=float, default=86400.0, help="Seconds --wait waits before giving up.")
+    submit.add_argument("--timeout", type=float, default=86400.0,
+                        help="Seconds --wait follows the run before giving up with exit code 3 (the run goes on).")
     submit.add_argument("--poll-seconds", type=float, default=10.0, help="Seconds between status checks.")
+    submit.add_argument("--ui-url", default=os.environ.get("KFP_UI_URL", ""),
+                        help="Base URL of the KFP UI for the run link (default: KFP_UI_URL, else --host).")
     schedule = commands.choices["schedule"]
     schedule.add_argument("--cron", required=True, help='When to run, e.g. "0 3 * * *" (seconds field optional).')
-    schedule.add_argument("--name", default=None, help="Recurring run name (default: PIPELINE-retrain).")
+    schedule.add_argument("--name", default=None,
+                          help="Recurring run name (default: PIPELINE-retrain); one of that name is replaced.")
     upload = commands.choices["upload"]
     upload.add_argument("--name", default=None, help="Pipeline name in KFP (default: PIPELINE).")
     upload.add_argument("--version", default=None, help="Version name when the pipeline exists (default: a timestamp).")
     return parser
 
 
+def resolve_pipeline_and_params(args: argparse.Namespace) -> tuple[str, dict]:
+    """The pipeline and its parameters: the parameters file first, then --param; checked against the pipeline."""
+    from pipelines.catalog import get_pipeline
+    from pipelines.params_file import load_params_file
+
+    named, params = (None, {})
+    if getattr(args, "params_file", None) is not None:
+        named, params = load_params_file(args.params_file)
+    pipeline = args.pipeline or named
+    if pipeline is None:
+        raise PipelineError(f"{args.command}: name a pipeline, or give --params-file with a `pipeline:` key")
+    if args.pipeline and named and args.pipeline != named:
+        raise PipelineError(f"{args.params_file}: pipeline is {named!r} but the command line names "
+                            f"{args.pipeline!r}; one file says what a retrain trains, so they must agree")
+    accepted = set(get_pipeline(pipeline).component_spec.inputs or {})
+    params = {**params, **parse_params(getattr(args, "param", []))}
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise PipelineError(f"{pipeline} has no parameter(s) {unknown}; it takes {sorted(accepted)}")
+    return pipeline, params
+
+
 def run_remote(args: argparse.Namespace) -> int:
     from pipelines import remote
-    from pipelines.catalog import get_pipeline
 
-    get_pipeline(args.pipeline)  # an unknown name fails before anything is sent
-    params = parse_params(getattr(args, "param", []))
+    pipeline, params = resolve_pipeline_and_params(args)  # bad input fails before anything is sent
     if args.command == "schedule":
-        remote.cron_with_seconds(args.cron)  # a bad schedule fails before anything is sent
+        remote.cron_with_seconds(args.cron)
+    endpoint = remote.Endpoint(args.host, args.namespace, getattr(args, "ui_url", ""))
     try:
-        return _call_remote(args, params)
+        return _call_remote(args, pipeline, params, endpoint)
     except AlignflowError:
         raise
     except Exception as err:  # the KFP client's API, connection and timeout errors
-        raise PipelineError(f"{args.host}: {args.command} {args.pipeline} failed: {type(err).__name__}: "
+        raise PipelineError(f"{args.host}: {args.command} {pipeline} failed: {type(err).__name__}: "
                             f"{str(err).splitlines()[0] if str(err) else ''}") from err
 
 
-def _call_remote(args: argparse.Namespace, params: dict) -> int:
+def _call_remote(args: argparse.Namespace, pipeline: str, params: dict, endpoint) -> int:
     from pipelines import remote
 
-    if args.command == "submit":
-        run_id, state = remote.submit(args.pipeline, args.host, params, args.experiment,
-                                      args.run_name, args.wait, args.timeout, args.poll_seconds)
-        print(f"run {run_id}: {state} ({args.host.rstrip('/')}/#/runs/details/{run_id})")
-        return 0 if state in ("submitted", remote.SUCCEEDED) else 1
-    if args.command == "schedule":
-        recurring_id = remote.schedule(args.pipeline, args.host, params, args.experiment,
-                                       args.cron, args.name)
-        print(f"recurring run {recurring_id}: {args.cron}")
+    if args.command == "upload":
+        pipeline_id, version_id = remote.upload(pipeline, endpoint, args.name, args.version)
+        print(f"pipeline {pipeline_id}" + (f", version {version_id}" if version_id else ""))
         return 0
-    pipeline_id, version_id = remote.upload(args.pipeline, args.host, args.name, args.version)
-    print(f"pipeline {pipeline_id}" + (f", version {version_id}" if version_id else ""))
-    return 0
+    options = remote.RunOptions(args.experiment, args.service_account, args.pipeline_root)
+    if args.command == "schedule":
+        recurring_id, replaced = remote.schedule(pipeline, endpoint, params, options, args.cron, args.name)
+        print(f"recurring run {recurring_id}: {args.cron}" + (f" (replaced {', '.join(replaced)})" if replaced else ""))
+        return 0
+    run_id = remote.start_run(pipeline, endpoint, params, options, args.run_name)
+    link = endpoint.run_link(run_id)
+    print(f"run {run_id}: submitted ({link})", flush=True)  # the link is out even if waiting fails later
+    if not args.wait:
+        return 0
+    try:
+        state = remote.wait_for_run(endpoint, run_id, args.timeout, args.poll_seconds)
+    except remote.WaitTimeout as err:
+        print(f"run {run_id}: still running after {args.timeout:g} s ({link})")
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_WAIT_TIMEOUT
+    print(f"run {run_id}: {state} ({link})")
+    return 0 if state == remote.SUCCEEDED else EXIT_RUN_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run_and_summarise(args.pipeline, args.root, parse_params(args.param), args.preset))
     except AlignflowError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     return 0
 
 

@@ -4,22 +4,38 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli import EXIT_WAIT_TIMEOUT, main
 from tests.pipelines.kfp_standin import KfpStandIn
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_kfp_settings(monkeypatch):
+    for name in ("KFP_TOKEN", "KFP_TOKEN_PATH", "KF_PIPELINES_SA_TOKEN_PATH", "KFP_NAMESPACE", "KFP_UI_URL",
+                 "KFP_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def pipeline_name(body: dict) -> str:
+    """The pipeline's name in a create request (the spec is wrapped with its platform spec when it has one)."""
+    spec = body["pipeline_spec"]
+    return spec.get("pipeline_spec", spec)["pipelineInfo"]["name"]
 
 
 def test_submit_sends_the_compiled_pipeline_with_parameters_and_waits(capsys):
     with KfpStandIn(run_states=("RUNNING", "RUNNING", "SUCCEEDED")) as kfp_api:
         code = main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--param", "dpo_beta=0.2", "--param",
-                     "source=s3://data/tiny", "--experiment", "retrain", "--wait", "--poll-seconds", "0.05"])
+                     "sft_train_uri=s3://data/tiny.jsonl", "--experiment", "retrain", "--wait",
+                     "--poll-seconds", "0.05"])
         assert code == 0
         [run] = kfp_api.sent("POST", "/apis/v2beta1/runs")
         body = run["body"]
-        assert body["pipeline_spec"]["pipelineInfo"]["name"] == "rlhf-dpo"
-        assert body["runtime_config"]["parameters"] == {"dpo_beta": 0.2, "source": "s3://data/tiny"}
+        assert pipeline_name(body) == "rlhf-dpo"
+        assert body["runtime_config"]["parameters"] == {"dpo_beta": 0.2, "sft_train_uri": "s3://data/tiny.jsonl"}
         assert body["experiment_id"] == kfp_api.experiments["retrain"]
         assert len(kfp_api.sent("GET", "/apis/v2beta1/runs/run-1")) == 3  # followed until it finished
-    assert "run run-1: SUCCEEDED" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    submitted = lines.index(f"run run-1: submitted ({kfp_api.host}/#/runs/details/run-1)")  # before waiting
+    assert lines[submitted + 1:] == [f"run run-1: SUCCEEDED ({kfp_api.host}/#/runs/details/run-1)"]
 
 
 def test_submit_wait_fails_when_the_run_fails(capsys):
@@ -27,6 +43,79 @@ def test_submit_wait_fails_when_the_run_fails(capsys):
         code = main(["submit", "rlhf-grpo", "--host", kfp_api.host, "--wait", "--poll-seconds", "0.05"])
     assert code == 1
     assert "run run-1: FAILED" in capsys.readouterr().out
+
+
+def test_submit_wait_rides_out_transient_api_errors(capsys):
+    """503s and a 429 while following the run are retried with backoff; the run's real end decides."""
+    with KfpStandIn(run_states=("RUNNING", 503, 503, 429, "RUNNING", 502, "SUCCEEDED")) as kfp_api:
+        code = main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--wait", "--poll-seconds", "0.01"])
+        assert len(kfp_api.sent("GET", "/apis/v2beta1/runs/run-1")) == 7
+    assert code == 0
+    assert "run run-1: SUCCEEDED" in capsys.readouterr().out
+
+
+def test_submit_wait_stops_at_a_permanent_api_error(capsys):
+    with KfpStandIn(run_states=("RUNNING", 403, "SUCCEEDED")) as kfp_api:
+        code = main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--wait", "--poll-seconds", "0.01"])
+        assert len(kfp_api.sent("GET", "/apis/v2beta1/runs/run-1")) == 2  # no retry of a 403
+    assert code == 2
+    assert "submit rlhf-dpo failed" in capsys.readouterr().err
+
+
+def test_submit_wait_timeout_prints_the_link_and_exits_3(capsys):
+    with KfpStandIn(run_states=("RUNNING",)) as kfp_api:
+        code = main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--wait", "--timeout", "0.3",
+                     "--poll-seconds", "0.05", "--ui-url", "https://kubeflow.example/pipeline"])
+    assert code == EXIT_WAIT_TIMEOUT
+    captured = capsys.readouterr()
+    assert "run run-1: still running after 0.3 s (https://kubeflow.example/pipeline/#/runs/details/run-1)" \
+        in captured.out
+    assert "WaitTimeout" in captured.err
+
+
+def test_token_file_is_read_again_before_every_call(tmp_path, monkeypatch, capsys):
+    """A projected token rotates under a long --wait: each request carries the file's current content."""
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    monkeypatch.setenv("KFP_TOKEN_PATH", str(token))
+    monkeypatch.setenv("KFP_TOKEN", "static-token-that-must-lose")
+
+    def rotate(count: int) -> None:
+        if count == 2:
+            token.write_text("rotated-token")
+
+    with KfpStandIn(run_states=("RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"), on_get_run=rotate) as kfp_api:
+        assert main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--wait", "--poll-seconds", "0.01"]) == 0
+        gets = [r["authorization"] for r in kfp_api.sent("GET", "/apis/v2beta1/runs/run-1")]
+        [create] = kfp_api.sent("POST", "/apis/v2beta1/runs")
+    assert create["authorization"] == "Bearer first-token"
+    assert gets[:2] == ["Bearer first-token"] * 2 and gets[2:] == ["Bearer rotated-token"] * 2
+
+
+def test_a_missing_token_file_fails_before_anything_is_sent(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KFP_TOKEN_PATH", str(tmp_path / "absent"))
+    with KfpStandIn() as kfp_api:
+        assert main(["submit", "rlhf-dpo", "--host", kfp_api.host]) == 2
+        assert kfp_api.requests == []
+    assert f"KFP_TOKEN_PATH {tmp_path / 'absent'}: cannot read the KFP token" in capsys.readouterr().err
+
+
+def test_namespace_reaches_experiments_runs_recurring_runs_and_uploads(monkeypatch):
+    monkeypatch.setenv("KFP_NAMESPACE", "team-a")  # the chart's ConfigMap sets it; --namespace wins
+    with KfpStandIn(multi_user=True) as kfp_api:
+        assert main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--service-account", "trainer-sa",
+                     "--pipeline-root", "s3://team-a/runs"]) == 0
+        assert main(["schedule", "rlhf-dpo", "--host", kfp_api.host, "--cron", "0 3 * * 1",
+                     "--namespace", "team-b"]) == 0
+        assert main(["upload", "rlhf-dpo", "--host", kfp_api.host]) == 0
+        created = [r["body"]["namespace"] for r in kfp_api.sent("POST", "/apis/v2beta1/experiments")]
+        [run] = kfp_api.sent("POST", "/apis/v2beta1/runs")
+        [upload] = kfp_api.sent("POST", "/apis/v2beta1/pipelines/upload")
+        [listing] = kfp_api.sent("GET", "/apis/v2beta1/pipelines")
+    assert created == ["team-a", "team-b"]  # the run's experiment, then the schedule's
+    assert run["body"]["service_account"] == "trainer-sa"
+    assert run["body"]["runtime_config"]["pipeline_root"] == "s3://team-a/runs"
+    assert upload["query"]["namespace"] == ["team-a"] and listing["query"]["namespace"] == ["team-a"]
 
 
 def test_schedule_creates_a_recurring_run_with_a_seconds_field():
@@ -37,7 +126,26 @@ def test_schedule_creates_a_recurring_run_with_a_seconds_field():
     body = request["body"]
     assert body["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * 1"
     assert body["runtime_config"]["parameters"] == {"ppo_episodes": 80}
-    assert body["pipeline_spec"]["pipelineInfo"]["name"] == "rlhf-ppo"
+    assert pipeline_name(body) == "rlhf-ppo"
+
+
+def test_scheduling_again_replaces_the_recurring_run_instead_of_adding_one(capsys):
+    """What `helm upgrade` does: the same name, a new schedule; afterwards exactly one recurring run."""
+    with KfpStandIn() as kfp_api:
+        assert main(["schedule", "rlhf-ppo", "--host", kfp_api.host, "--cron", "0 3 * * 1", "--name", "af-retrain",
+                     "--experiment", "retrain"]) == 0
+        [first] = kfp_api.recurring_runs
+        assert main(["schedule", "rlhf-ppo", "--host", kfp_api.host, "--cron", "0 4 * * 2", "--name", "af-retrain",
+                     "--experiment", "retrain"]) == 0
+        assert main(["schedule", "rlhf-dpo", "--host", kfp_api.host, "--cron", "0 5 * * *",
+                     "--experiment", "retrain"]) == 0  # another name: left alone
+        assert sorted(r["display_name"] for r in kfp_api.recurring_runs.values()) == ["af-retrain", "rlhf-dpo-retrain"]
+        [delete] = [r for r in kfp_api.requests if r["method"] == "DELETE"]
+        creates = kfp_api.sent("POST", "/apis/v2beta1/recurringruns")
+        assert kfp_api.requests.index(creates[1]) < kfp_api.requests.index(delete)  # the new one exists first
+    assert delete["path"].endswith(f"/{first}")
+    assert creates[1]["body"]["trigger"]["cron_schedule"]["cron"] == "0 0 4 * * 2"
+    assert f"(replaced {first})" in capsys.readouterr().out
 
 
 def test_upload_creates_a_pipeline_then_adds_versions():
@@ -53,6 +161,9 @@ def test_upload_creates_a_pipeline_then_adds_versions():
     (["schedule", "rlhf-ppo", "--host", "http://127.0.0.1:9", "--cron", "daily"], "--cron 'daily': expected 5 fields"),
     (["submit", "rlhf-kto", "--host", "http://127.0.0.1:9"], "unknown pipeline 'rlhf-kto'"),
     (["submit", "rlhf-dpo", "--host", "http://127.0.0.1:9", "--param", "beta"], "--param 'beta'"),
+    (["submit", "rlhf-dpo", "--host", "http://127.0.0.1:9", "--param", "source=s3://x"],
+     "rlhf-dpo has no parameter(s) ['source']"),
+    (["submit", "--host", "http://127.0.0.1:9"], "submit: name a pipeline"),
 ])
 def test_bad_arguments_fail_before_anything_is_sent(argv, message, capsys):
     assert main(argv) == 2
