@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainer.redact import install_log_redaction
+
 
 @dataclass(frozen=True, slots=True)
 class DistributedEnv:
@@ -99,3 +101,4 @@ def setup_logging(env: DistributedEnv) -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
+    install_log_redaction()  # URIs' user info and known secret values never reach the log

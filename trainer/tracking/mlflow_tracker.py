@@ -10,25 +10,28 @@ directory (MLflow 3's own default). Run linkage: `MLFLOW_RUN_ID` continues that 
 run is created in `MLFLOW_EXPERIMENT_ID`, `MLFLOW_EXPERIMENT_NAME` or `tracking.experiment_name`,
 nested under `tracking.parent_run_id` (or `ALIGNFLOW_PARENT_RUN_ID`) and tagged with the pipeline
 run id.
+
+Credentials (user info in `MLFLOW_TRACKING_URI`, `MLFLOW_TRACKING_PASSWORD`/`_TOKEN`) are MLflow's to
+send; every URI or error this module prints or writes goes through `trainer.redact` first, and
+params lose secret-looking keys and URI user info before they are logged.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from trainer.config import TrackingConfig
+from trainer.redact import SECRET_KEY, redact_params, redact_text, redact_uri
 from trainer.runtime import TrackingEnv
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
 MAX_QUEUED = 100_000
 CLOSE_TIMEOUT_SECONDS = 30.0
 
@@ -59,10 +62,14 @@ class MlflowTracker:
         # Fail fast per request so the sender can retry on its own schedule (users may override).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        tracking_uri = env.tracking_uri or DEFAULT_TRACKING_URI
+        # MLflow prints "View run ... at <tracking URI>" to stdout, user info included; the INFO line
+        # below says where the run is without it.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         from mlflow import MlflowClient
 
         self.config = config
-        self.client = MlflowClient(tracking_uri=env.tracking_uri or DEFAULT_TRACKING_URI)
+        self.client = MlflowClient(tracking_uri=tracking_uri)
         self.run_id = env.run_id or self._create_run(env, config.run_name or run_name)
         self._queue: list[Any] = []
         self._lock = threading.Condition()
@@ -73,7 +80,7 @@ class MlflowTracker:
         self._sender = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._sender.start()
         self._system_monitor = self._start_system_metrics() if config.system_metrics else None
-        logger.info("tracking to MLflow run %s at %s", self.run_id, self.client.tracking_uri)
+        logger.info("tracking to MLflow run %s at %s", self.run_id, redact_uri(self.client.tracking_uri))
 
     def _create_run(self, env: TrackingEnv, run_name: str) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
@@ -100,9 +107,9 @@ class MlflowTracker:
         return monitor
 
     def location(self) -> dict[str, str]:
-        """Tracking URI, experiment and run ids, and a browser link when the server has a UI."""
+        """Tracking URI (without credentials), experiment and run ids, and a browser link when the server has a UI."""
         experiment_id = self.client.get_run(self.run_id).info.experiment_id
-        uri = self.client.tracking_uri
+        uri = redact_uri(self.client.tracking_uri)
         link = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self.run_id}" if uri.startswith("http") else ""
         return {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": self.run_id, "link": link}
 
@@ -111,7 +118,7 @@ class MlflowTracker:
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        self._enqueue([Param(key, str(value)[:6000]) for key, value in flatten(params).items()])
+        self._enqueue([Param(key, str(value)[:6000]) for key, value in flatten(redact_params(params)).items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -133,7 +140,7 @@ class MlflowTracker:
                 self._register(self.config.registered_model_name)
         except Exception as err:  # noqa: BLE001 - any tracking failure must leave training alone
             self._failures += 1
-            logger.warning("could not log the model to MLflow: %s", err)
+            logger.warning("could not log the model to MLflow: %s", redact_text(str(err)))
 
     def _register(self, name: str) -> None:
         from mlflow.exceptions import MlflowException
@@ -158,7 +165,7 @@ class MlflowTracker:
                 self.client.set_terminated(self.run_id)
             except Exception as err:  # noqa: BLE001
                 self._failures += 1
-                logger.warning("could not mark MLflow run %s finished: %s", self.run_id, err)
+                logger.warning("could not mark MLflow run %s finished: %s", self.run_id, redact_text(str(err)))
         if unsent or self._dropped or self._failures:
             logger.warning("MLflow: %d values not sent, %d dropped, %d failed calls (all metrics are in "
                            "metrics.jsonl)", unsent, self._dropped, self._failures)
@@ -203,7 +210,7 @@ class MlflowTracker:
                 self._failures += 1
                 self._is_unreachable = True
                 if not warned:
-                    logger.warning("MLflow unreachable (%s); buffering metrics and retrying", err)
+                    logger.warning("MLflow unreachable (%s); buffering metrics and retrying", redact_text(str(err)))
                     warned = True
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainer.config import TrackingConfig
+from trainer.redact import redact_params, redact_text
 
 
 class Tracker(Protocol):
@@ -48,7 +49,7 @@ class JsonlTracker:
         self._handle = (directory / "metrics.jsonl").open("a")
 
     def log_params(self, params: dict[str, Any]) -> None:
-        (self.directory / "params.json").write_text(json.dumps(params, indent=2, default=str))
+        (self.directory / "params.json").write_text(json.dumps(redact_params(params), indent=2, default=str))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._handle.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -97,8 +98,8 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
         try:
             tracker = MlflowTracker(config, read_tracking_env(), run_name)
             trackers.append(tracker)
-            # Where the run is, for reports that link to it (published with the run's outputs).
+            # Where the run is, for reports that link to it (published with the run's outputs; no credentials).
             (directory / "mlflow_run.json").write_text(json.dumps(tracker.location()))
         except Exception as err:  # noqa: BLE001 - no tracking server must not stop training
-            logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", err)
+            logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", redact_text(str(err)))
     return MultiTracker(trackers)
