@@ -1,5 +1,7 @@
 """Atomic, resumable checkpoints under `<output_dir>/checkpoints/`.
 
+(Over 300 lines: writing, finding and vetting a checkpoint share one layout, kept in one place.)
+
 The checkpoint root is a local path or an `s3://` URI (through `trainer.storage`).
 Layout of one checkpoint, `step-00000042/`: for each trained component NAME (`model` for the
 supervised stages, `actor` and `critic` for PPO) `NAME.pt`, `NAME.optimizer.pt` and
@@ -9,6 +11,13 @@ torch/CUDA RNG states as tensors, its python/numpy states as JSON metadata); and
 Only then does rank 0 replace the `latest` pointer (atomically),
 so a reader never picks up a half-written checkpoint; a crash or a failed upload mid-save leaves
 the previous `latest`. Older checkpoints are deleted only after a newer one is complete.
+
+Beside the state files, `manifest.json` (written before the marker) records every file's size and
+what the checkpoint belongs to (`metadata`: the run's fingerprint, world size, MLflow run id), and
+`attachments` (the run's `metrics.jsonl` up to this step) are stored as plain files. A checkpoint
+whose files do not match its manifest (truncated, missing) is skipped by `complete_checkpoints`
+in favour of the previous complete one. A background save that fails is reported in one line and
+written again at the next save; a blocking save that fails names the last durable checkpoint.
 
 Checkpoints sit where others can write, so resuming unpickles nothing (see `trainer.serialization`):
 the state dicts are read with `torch.load(weights_only=True)`, the rest as safetensors and JSON, and
@@ -23,6 +32,7 @@ import random
 import re
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +42,8 @@ import torch
 import torch.distributed as dist
 
 from trainer.booster import Booster
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, StorageError
+from trainer.jsonio import dumps
 from trainer.runtime import barrier
 from trainer.serialization import dump_tensors, load_json, load_tensors, refusing_pickled_objects
 from trainer.storage import get_storage, join_uri
@@ -43,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
 STEP_NAME = re.compile(r"step-\d{8,}")
 
 # (model, optimizer, lr scheduler) of one trained network.
@@ -58,6 +70,10 @@ class TrainerState:
     samples_in_epoch: int = 0
     """Samples of `epoch` already consumed, summed over all ranks."""
     world_size: int = 1
+    num_nonfinite_skipped: int = 0
+    """Optimizer steps skipped so far for a non-finite loss or gradient norm."""
+    nonfinite_in_a_row: int = 0
+    """How many of the latest steps in a row were skipped (a run that ends in such a streak is not exported)."""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -145,19 +161,82 @@ class CheckpointManager:
         self.boosters = dict(boosters or {})
         self.is_main_process = booster.plugin.is_main_process
         self._pending: threading.Thread | None = None
+        self.metadata: dict[str, Any] = {}
+        """What every checkpoint records in its manifest (fingerprint, world size, MLflow run id)."""
+        self.attachments: Callable[[], dict[str, bytes]] | None = None
+        """Small files stored as they are in every checkpoint (rank 0), e.g. the metrics so far."""
+        self.on_written: Callable[[str], None] | None = None
+        """Called with a checkpoint's URI once it is complete and `latest` (rank 0, maybe on the writer thread)."""
+        self.last_durable: str | None = None
+        """The newest checkpoint known to be complete: written by this run or resumed from."""
+        self._failed: tuple[dict[str, Any], int] | None = None  # a background save that failed, kept for a retry
+        self._error: Exception | None = None  # its error, raised once by `wait`
 
     def latest(self) -> str | None:
-        """The newest complete checkpoint, or None. Directories without a `latest` pointer are ignored."""
+        """The newest complete checkpoint (see `complete_checkpoints`), or None."""
+        candidates = self.complete_checkpoints()
+        return candidates[0] if candidates else None
+
+    def complete_checkpoints(self) -> list[str]:
+        """Complete checkpoints up to the one `latest` names, newest first; [] without a `latest` pointer.
+
+        Complete means: the marker is there and parses, every file of the manifest is there with its
+        recorded size, and no other file is. A damaged one (truncated, missing or foreign file) is
+        skipped with a warning, so a resume falls back to the previous complete one that `keep_last`
+        kept; when none is left, that is a CheckpointError naming what is wrong with the latest.
+        """
         pointer = join_uri(self.root, LATEST)
         if not self.storage.exists(pointer):
-            return None
+            return []
         name = self.storage.read_bytes(pointer).decode(errors="replace").strip()
         if not STEP_NAME.fullmatch(name):  # a pointer elsewhere (`../other-run`) is not followed
             raise CheckpointError(f"{pointer} holds {name[:80]!r}, expected a checkpoint name like step-00000042")
-        directory = join_uri(self.root, name)
-        if not self.storage.exists(join_uri(directory, STATE_FILE)):
-            raise CheckpointError(f"{pointer} names {directory}, which has no {STATE_FILE}")
-        return directory
+        names = sorted({n for n in self._step_names() if STEP_NAME.fullmatch(n) and n <= name} | {name}, reverse=True)
+        complete, problems = [], []
+        for candidate in names:
+            directory = join_uri(self.root, candidate)
+            problem = self.check_files(directory)
+            if problem is None:
+                complete.append(directory)
+            elif not complete:
+                problems.append(problem)
+                logger.warning("checkpoint %s is not usable (%s); falling back to the one before", directory, problem)
+        if not complete:
+            raise CheckpointError(f"{pointer} names {name}, but no checkpoint up to it is usable: {problems[0]}")
+        return complete
+
+    def check_files(self, directory: str) -> str | None:
+        """None if `directory` is a complete checkpoint, else what is wrong with it."""
+        try:
+            state_uri = join_uri(directory, STATE_FILE)
+            if not self.storage.exists(state_uri):
+                return f"{state_uri} is missing: the save never finished"
+            load_json(self.storage.read_bytes(state_uri), state_uri, CheckpointError)
+            manifest_uri = join_uri(directory, MANIFEST_FILE)
+            if not self.storage.exists(manifest_uri):
+                return None  # written before manifests existed: the marker is all there is to check
+            files = load_json(self.storage.read_bytes(manifest_uri), manifest_uri, CheckpointError).get("files", {})
+            present = set(self.storage.list(directory))
+            for name, size in files.items():
+                uri = join_uri(directory, name)
+                if uri not in present:
+                    return f"{uri} is missing"
+                if self.storage.size(uri) != size:
+                    return f"{uri} has {self.storage.size(uri)} bytes, its manifest says {size}"
+            expected = {join_uri(directory, name) for name in files} | {state_uri, manifest_uri}
+            foreign = sorted(present - expected)
+            if foreign:
+                return f"{foreign[0]} is not part of the checkpoint (not in its manifest)"
+        except CheckpointError as err:
+            return str(err)
+        return None
+
+    def read_json(self, directory: str, name: str) -> dict[str, Any]:
+        """A JSON file of a checkpoint (`trainer_state.json`, `manifest.json`); {} when absent."""
+        uri = join_uri(directory, name)
+        if not self.storage.exists(uri):
+            return {}
+        return load_json(self.storage.read_bytes(uri), uri, CheckpointError)
 
     def snapshot(self, components: dict[str, ModelParts], state: TrainerState | dict,
                  copy: bool = False) -> dict[str, Any]:
@@ -181,7 +260,8 @@ class CheckpointManager:
             files[rng_state_file(rank)] = encode_rng_state(rng_state)
         if copy:
             files = copy_tensors(files)
-        return {"files": files, "state": state if isinstance(state, dict) else asdict(state)}
+        raw = self.attachments() if self.attachments is not None and self.is_main_process else {}
+        return {"files": files, "state": state if isinstance(state, dict) else asdict(state), "raw": raw}
 
     def write(self, snapshot: dict[str, Any], step: int) -> str:
         """Write a snapshot as `step-<step>`, marker last, then point `latest` at it. Rank 0; no collectives."""
@@ -195,14 +275,46 @@ class CheckpointManager:
                     (staging / file_name).write_bytes(payload)
                 else:
                     torch.save(payload, staging / file_name)
-            (staging / STATE_FILE).write_text(json.dumps(snapshot["state"]))
+            (staging / STATE_FILE).write_text(dumps(snapshot["state"]))
+            self._write_extras(staging, snapshot.get("raw", {}))
             self._remove(directory)  # left by a crash before its `latest` was written
             upload_dir(staging, directory, skip=(STATE_FILE,))
             self.storage.upload_file(staging / STATE_FILE, join_uri(directory, STATE_FILE))
         self.storage.write_bytes(join_uri(self.root, LATEST), name.encode())
+        self.last_durable = directory
         self._apply_retention(name)
         logger.info("saved checkpoint %s", directory)
+        if self.on_written is not None:
+            try:
+                self.on_written(directory)
+            except Exception as err:  # noqa: BLE001 - publishing is best effort; the checkpoint is complete
+                logger.warning("checkpoint %s is complete, but publishing beside it failed: %s", directory, err)
         return directory
+
+    def _write_extras(self, staging: Path, raw: dict[str, bytes]) -> None:
+        """The attachments as plain files, then the manifest (sizes of every file but the marker)."""
+        for file_name, data in raw.items():
+            (staging / file_name).write_bytes(data)
+        sizes = {p.relative_to(staging).as_posix(): p.stat().st_size for p in sorted(staging.rglob("*"))
+                 if p.is_file() and p.name != STATE_FILE}
+        (staging / MANIFEST_FILE).write_text(dumps({"files": sizes, **self.metadata}, indent=1))
+
+    def _write_or_record(self, snapshot: dict[str, Any], step: int) -> None:
+        """Background save: a failure is logged in one line and kept, to be written again at the next save."""
+        try:
+            self.write(snapshot, step)
+        except Exception as err:  # noqa: BLE001 - kept, and raised by `wait`
+            self._failed, self._error = (snapshot, step), err
+            logger.error("checkpoint step-%08d could not be written to %s: %s; it is written again at the next "
+                         "save (last durable checkpoint: %s)", step, self.root, one_line(err),
+                         self.last_durable or "none")
+
+    def _write_in_order(self, snapshot: dict[str, Any], step: int) -> None:
+        """Background save: first a snapshot whose save failed before, then this one."""
+        if self._failed is not None:
+            (failed, failed_step), self._failed, self._error = self._failed, None, None
+            self._write_or_record(failed, failed_step)
+        self._write_or_record(snapshot, step)
 
     def save(self, components: dict[str, ModelParts], state: TrainerState | dict, step: int,
              block: bool = True) -> str:
@@ -218,23 +330,42 @@ class CheckpointManager:
         Returns:
             The checkpoint directory's URI.
         """
-        self.wait()
+        self._join()
         snapshot = self.snapshot(components, state, copy=not block)
         if self.is_main_process:
             if block:
-                self.write(snapshot, step)
+                self._write_blocking(snapshot, step)
             else:
-                self._pending = threading.Thread(target=self.write, args=(snapshot, step), daemon=True)
+                self._pending = threading.Thread(target=self._write_in_order, args=(snapshot, step), daemon=True)
                 self._pending.start()
         if block:
             barrier()
         return join_uri(self.root, f"step-{step:08d}")
 
-    def wait(self) -> None:
-        """Block until a background save has finished."""
+    def _write_blocking(self, snapshot: dict[str, Any], step: int) -> None:
+        """Write a failed earlier snapshot, then this one; CheckpointError naming the last durable one."""
+        try:
+            if self._failed is not None:
+                (failed, failed_step), self._failed, self._error = self._failed, None, None
+                self.write(failed, failed_step)
+            self.write(snapshot, step)
+        except (StorageError, OSError) as err:
+            raise CheckpointError(f"checkpoint step-{step:08d} could not be saved to {self.root}: {one_line(err)}; "
+                                  f"last durable checkpoint: {self.last_durable or 'none'}") from err
+
+    def _join(self) -> None:
         if self._pending is not None:
             self._pending.join()
             self._pending = None
+
+    def wait(self) -> None:
+        """Block until a background save has finished; CheckpointError if it failed (raised once; its
+        snapshot is still written again at the next save)."""
+        self._join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"a background checkpoint could not be written to {self.root}: {one_line(error)}; "
+                                  f"last durable checkpoint: {self.last_durable or 'none'}")
 
     def load(self, directory: str, components: dict[str, ModelParts]) -> dict[str, Any]:
         """Restore every component and this rank's RNG; return the saved loop state as a dict."""
@@ -279,6 +410,7 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: not a valid RNG state ({type(err).__name__}: {err})") from err
 
     def _step_names(self) -> list[str]:
+        """Names of the `step-*` directories, oldest first."""
         prefix = self.root + "/"
         names = {uri[len(prefix):].split("/", 1)[0] for uri in self.storage.list(self.root)}
         return sorted(n for n in names if n.startswith("step-"))
@@ -299,3 +431,8 @@ class CheckpointManager:
         for name in names:
             if name not in keep and name < latest:
                 self._remove(join_uri(self.root, name))
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an error's message (boto and torch errors can span many)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

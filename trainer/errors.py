@@ -39,3 +39,17 @@ class WaitTimeout(AlignflowError):
 
 class RewardError(AlignflowError):
     """A reward function raised, ran past its timeout, or returned something other than a finite number."""
+
+
+class TrainingError(AlignflowError):
+    """Training diverged (non-finite losses, gradients or weights) and the run was stopped."""
+
+
+class LeaseError(AlignflowError):
+    """Another live run holds the output directory."""
+
+
+class RunFinished(AlignflowError):
+    """The output directory already holds a finished run: nothing to do (exit status 0)."""
+
+    exit_code = 0

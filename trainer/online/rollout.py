@@ -59,8 +59,17 @@ def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options
     policy = unwrap_model(model)
     was_training = policy.training
     policy.eval()
-    output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=options.max_new_tokens,
-                             eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, **sampling)
+    try:
+        output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                 max_new_tokens=options.max_new_tokens, eos_token_id=stops,
+                                 pad_token_id=tokenizer.pad_token_id, **sampling)
+    except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
+        if "inf" not in str(err) and "nan" not in str(err):
+            raise
+        from trainer.errors import TrainingError
+
+        raise TrainingError("the policy's next-token probabilities are not finite (NaN/inf) while sampling "
+                            "responses: the actor diverged; lower optimizer.lr or check the reward") from err
     policy.train(was_training)
     response = output[:, prompt_ids.shape[1]:]  # (B, R)
     is_stop = torch.isin(response, torch.tensor(stops, device=device))

@@ -8,6 +8,10 @@ from typing import Protocol
 from trainer.errors import StorageError
 
 
+class ConditionFailed(StorageError):
+    """A conditional write found the object in another state than it required."""
+
+
 class Storage(Protocol):
     """Whole-object operations on URIs. Writes are atomic: a reader sees the old object or the new one."""
 
@@ -29,6 +33,15 @@ class Storage(Protocol):
 
     def etag(self, uri: str) -> str:
         """A string that changes whenever the object changes."""
+
+    def size(self, uri: str) -> int:
+        """The object's length in bytes."""
+
+    def create_exclusive(self, uri: str, data: bytes) -> str | None:
+        """Write `uri` only if nothing is there; return its etag, or None when an object already exists."""
+
+    def replace_if_unchanged(self, uri: str, data: bytes, etag: str) -> str | None:
+        """Overwrite `uri` only if its etag is still `etag`; return the new etag, or None when it changed."""
 
 
 # Object-store schemes served by the S3 backend. `minio://` is how KFP names artifacts under a stock

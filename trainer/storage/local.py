@@ -1,4 +1,9 @@
-"""Local filesystem storage: plain paths and `file://` URIs."""
+"""Local filesystem storage: plain paths and `file://` URIs.
+
+`create_exclusive` is atomic (a complete temporary file is hard-linked into place, which fails if
+the name exists); `replace_if_unchanged` compares and then renames, which is atomic against readers
+but not against a second writer racing in the same instant (POSIX has no compare-and-swap rename).
+"""
 
 from __future__ import annotations
 
@@ -61,4 +66,38 @@ class LocalStorage:
 
     def etag(self, uri: str) -> str:
         stat = local_path(uri).stat()
-        return f"{stat.st_mtime_ns}-{stat.st_size}"
+        return f"{stat.st_mtime_ns}-{stat.st_size}-{stat.st_ino}"
+
+    def size(self, uri: str) -> int:
+        return local_path(uri).stat().st_size
+
+    def _staged(self, path: Path, data: bytes) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        return temporary
+
+    def create_exclusive(self, uri: str, data: bytes) -> str | None:
+        path = local_path(uri)
+        temporary = self._staged(path, data)
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(temporary)
+        return self.etag(uri)
+
+    def replace_if_unchanged(self, uri: str, data: bytes, etag: str) -> str | None:
+        path = local_path(uri)
+        temporary = self._staged(path, data)
+        try:
+            if not path.exists() or self.etag(uri) != etag:
+                return None
+            os.replace(temporary, path)
+            temporary = None
+            return self.etag(uri)
+        finally:
+            if temporary is not None:
+                os.unlink(temporary)

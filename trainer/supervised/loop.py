@@ -2,10 +2,17 @@
 
 The stages differ only in their model, data and `Objective`; this loop batches, accumulates,
 steps (through `algorithms.update.train_step`), logs, evaluates and saves for all of them.
+
+Faults it handles: a step with a non-finite loss or gradient norm is skipped and counted
+(`train/nonfinite_skipped`), and more than `train.max_nonfinite_steps` in a row end the run with a
+`TrainingError`, as does a run that ends inside such a streak (its model is not exported); SIGTERM
+or SIGINT (`trainer.preemption`) ends the run after the current step with a blocking checkpoint.
+An epoch's checkpoint is written after its evaluation, so the metric history it carries is whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -17,12 +24,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from trainer.algorithms.update import Objective, evaluate, train_step
+from trainer import preemption
+from trainer.algorithms.update import NonFiniteGuard, Objective, evaluate, train_step
 from trainer.base import SLTrainer, StopTraining
 from trainer.booster import Booster, Plugin
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import StageConfig, TrainConfig
 from trainer.data.sampler import ResumableSampler
+from trainer.errors import CheckpointError
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.tracker import Tracker
 
@@ -80,6 +89,8 @@ class SupervisedTrainer(SLTrainer):
         self.last_saved_step = -1
         self.last_metrics: dict[str, float] = {}
         self.eval_metrics: dict[str, float] = {}
+        self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
+        self.epoch_finished = False
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -111,6 +122,7 @@ class SupervisedTrainer(SLTrainer):
         self.global_step = state.global_step
         self.last_saved_step = state.global_step
         self.start_sample_in_epoch = state.samples_in_epoch // self.plugin.world_size
+        self.nonfinite.restore(state.num_nonfinite_skipped, state.nonfinite_in_a_row)
 
     # -- loop -------------------------------------------------------------------------------------
 
@@ -127,6 +139,7 @@ class SupervisedTrainer(SLTrainer):
 
     def _train(self, epoch: int) -> None:
         self.model.train()
+        self.epoch_finished = False
         samples_seen = self.start_sample_in_epoch if epoch == self.start_epoch else 0
         for group in self._accumulation_groups():
             if self.global_step >= self.max_steps:
@@ -136,18 +149,25 @@ class SupervisedTrainer(SLTrainer):
                                  self.config.optimizer.max_grad_norm)
             samples_seen += sum(batch["num_samples"] for batch in group)
             self.global_step += 1
+            self.nonfinite.observe(metrics, self.global_step)  # a TrainingError after too many in a row
             self._record(metrics, group, time.perf_counter() - started)
-            state = TrainerState(epoch=epoch, global_step=self.global_step,
-                                 samples_in_epoch=samples_seen * self.plugin.world_size,
-                                 world_size=self.plugin.world_size)
-            is_stopping = self.stop_after_steps is not None and self.global_step >= self.stop_after_steps
+            state = self._state(epoch, samples_seen)
+            is_preempted = preemption.stop_requested()  # every rank, every step: they stop at the same one
+            is_stopping = is_preempted or (self.stop_after_steps is not None
+                                           and self.global_step >= self.stop_after_steps)
             if self._should_save_now() or is_stopping:
                 # Mid-run saves upload in the background; the last one (and a stop) blocks.
                 self._save(state, block=is_stopping or self.global_step >= self.max_steps)
             if is_stopping:
-                raise StopTraining(f"stopped after step {self.global_step} as requested")
-        self._save(TrainerState(epoch=epoch + 1, global_step=self.global_step, samples_in_epoch=0,
-                                world_size=self.plugin.world_size), block=False)
+                reason = f"signal {preemption.signal_received()}" if is_preempted else "--stop-after-steps"
+                raise StopTraining(f"stopped after step {self.global_step} ({reason}); checkpoint "
+                                   f"{self.checkpoints.last_durable or 'written'}; rerun to resume")
+        self.epoch_finished = True
+
+    def _state(self, epoch: int, samples_seen: int) -> TrainerState:
+        return TrainerState(epoch=epoch, global_step=self.global_step,
+                            samples_in_epoch=samples_seen * self.plugin.world_size, world_size=self.plugin.world_size,
+                            num_nonfinite_skipped=self.nonfinite.total, nonfinite_in_a_row=self.nonfinite.in_a_row)
 
     def _should_save_now(self) -> bool:
         interval = self.config.checkpoint.save_interval
@@ -164,7 +184,7 @@ class SupervisedTrainer(SLTrainer):
                               sum(b["num_samples"] for b in group)], dtype=torch.float64)
         tokens, samples = all_reduce_sum(local).tolist()
         metrics.update({"perf/tokens_per_second": tokens / seconds, "perf/samples_per_second": samples / seconds,
-                        "perf/step_time": seconds})
+                        "perf/step_time": seconds, "train/nonfinite_skipped": float(self.nonfinite.total)})
         self.last_metrics = metrics
         self.progress.update(1)
         self.progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{tokens / seconds:.0f}")
@@ -174,12 +194,14 @@ class SupervisedTrainer(SLTrainer):
                         metrics["loss"], metrics["lr"], metrics["perf/tokens_per_second"])
 
     def _eval(self, epoch: int) -> None:
-        if self.eval_loader is None:
-            return
-        metrics = evaluate(self.booster, self.model, self.eval_loader, self.objective)
-        self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
-        self.tracker.log_metrics(self.eval_metrics, self.global_step)
-        logger.info("epoch %d eval: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in self.eval_metrics.items()))
+        """Evaluate after an epoch, then checkpoint the finished epoch (in the background)."""
+        if self.eval_loader is not None:
+            metrics = evaluate(self.booster, self.model, self.eval_loader, self.objective)
+            self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
+            self.tracker.log_metrics(self.eval_metrics, self.global_step)
+            logger.info("epoch %d eval: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in self.eval_metrics.items()))
+        if self.epoch_finished:
+            self._save(self._state(epoch + 1, 0), block=False)
 
     def _should_stop(self) -> bool:
         return self.global_step >= self.max_steps
@@ -187,6 +209,11 @@ class SupervisedTrainer(SLTrainer):
     def fit(self) -> None:
         try:
             super().fit()
+        except BaseException:
+            with contextlib.suppress(CheckpointError):
+                self.checkpoints.wait()  # let a background save finish; the error in flight is the one to report
+            raise
         finally:
-            self.checkpoints.wait()  # the final checkpoint is complete before fit returns
             self.progress.close()
+        self.checkpoints.wait()  # the final checkpoint is complete (or its failure raised) before fit returns
+        self.nonfinite.check_end(self.global_step)

@@ -1,19 +1,28 @@
 """Where metrics and params go. Training code only sees the `Tracker` interface.
 
 Rank 0 gets a real tracker and other ranks a `NullTracker`, so the loop never asks its rank.
-`JsonlTracker` writes the run's metrics file (one JSON object per logged step), which the KFP
-component publishes; `trainer.tracking.mlflow_tracker.MlflowTracker` sends the same to MLflow.
+`JsonlTracker` writes the run's metrics file (one JSON object per logged step, valid JSON: a
+non-finite value is written as null), which the KFP component publishes;
+`trainer.tracking.mlflow_tracker.MlflowTracker` sends the same to MLflow.
+
+A resumed run continues its MLflow run (`resume_run_id`, kept in every checkpoint's manifest) rather
+than opening a new one; the run is marked running again and its params, already logged by the
+first attempt, are not logged again (MLflow params cannot change).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainer.config import TrackingConfig
+from trainer.jsonio import dumps
 from trainer.redact import redact_params, redact_text
+
+logger = logging.getLogger(__name__)
 
 
 class Tracker(Protocol):
@@ -41,25 +50,53 @@ class NullTracker:
 
 
 class JsonlTracker:
-    """Appends `{"step": N, ...metrics}` lines to `<output_dir>/metrics.jsonl`; params to `params.json`."""
+    """Appends `{"step": N, ...metrics}` lines to `<output_dir>/metrics.jsonl`; params to `params.json`.
+
+    The metrics file is opened at the first `log_metrics`, so a resume can first set the history it
+    continues (`trainer.resume.restore_history`).
+    """
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._handle = (directory / "metrics.jsonl").open("a")
+        self._handle = None
 
     def log_params(self, params: dict[str, Any]) -> None:
-        (self.directory / "params.json").write_text(json.dumps(redact_params(params), indent=2, default=str))
+        (self.directory / "params.json").write_text(dumps(redact_params(params), indent=2, default=str))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self._handle is None:
+            self._handle = (self.directory / "metrics.jsonl").open("a")
+        self._handle.write(dumps({"step": step, **metrics}) + "\n")
         self._handle.flush()
 
     def log_model(self, directory: Path) -> None:
         pass
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+class ContinuedRun:
+    """An MLflow tracker continuing a run of an earlier attempt: everything but params goes through."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.run_id = tracker.run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        pass  # logged by the first attempt; MLflow refuses a param whose value changed
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.tracker.log_metrics(metrics, step)
+
+    def log_model(self, directory: Path) -> None:
+        self.tracker.log_model(directory)
+
+    def close(self) -> None:
+        self.tracker.close()
 
 
 class MultiTracker:
@@ -85,9 +122,46 @@ class MultiTracker:
             tracker.close()
 
 
+def mlflow_run_id(tracker: Tracker) -> str | None:
+    """The MLflow run a tracker logs to, or None."""
+    for member in getattr(tracker, "trackers", [tracker]):
+        if getattr(member, "run_id", None):
+            return member.run_id
+    return None
+
+
+def _continue_mlflow_run(config: TrackingConfig, run_name: str, run_id: str) -> ContinuedRun | None:
+    """An MLflow tracker on the earlier attempt's run, marked running again; None if that run is gone."""
+    from trainer.runtime import read_tracking_env
+    from trainer.tracking.mlflow_tracker import MlflowTracker
+
+    env = read_tracking_env()
+    if env.run_id is not None:
+        return None  # MLFLOW_RUN_ID names the run explicitly
+    try:
+        tracker = MlflowTracker(config, dataclasses.replace(env, run_id=run_id), run_name)
+        tracker.client.update_run(run_id, status="RUNNING")
+    except Exception as err:  # noqa: BLE001 - a new run is better than no tracking
+        logger.warning("cannot continue MLflow run %s (%s); starting a new run", run_id, redact_text(str(err)))
+        return None
+    logger.info("continuing MLflow run %s of the interrupted attempt", run_id)
+    return ContinuedRun(tracker)
+
+
 def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig | None = None,
-                  run_name: str = "run") -> Tracker:
-    """Rank 0: the metrics file, plus MLflow unless `tracking.backend` is none. Other ranks: no-op."""
+                  run_name: str = "run", resume_run_id: str | None = None) -> Tracker:
+    """Rank 0: the metrics file, plus MLflow unless `tracking.backend` is none. Other ranks: no-op.
+
+    Args:
+        directory: Where `metrics.jsonl`, `params.json` and `mlflow_run.json` go.
+        is_main_process: Only rank 0 tracks.
+        config: The stage's tracking section (None: the metrics file only).
+        run_name: Default MLflow run name (the stage).
+        resume_run_id: The MLflow run of the attempt being resumed, continued instead of a new run.
+
+    Returns:
+        The tracker (a `MultiTracker` on rank 0).
+    """
     if not is_main_process:
         return NullTracker()
     trackers: list[Tracker] = [JsonlTracker(directory)]
@@ -96,10 +170,12 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
         from trainer.tracking.mlflow_tracker import MlflowTracker
 
         try:
-            tracker = MlflowTracker(config, read_tracking_env(), run_name)
+            tracker = _continue_mlflow_run(config, run_name, resume_run_id) if resume_run_id else None
+            tracker = tracker or MlflowTracker(config, read_tracking_env(), run_name)
             trackers.append(tracker)
             # Where the run is, for reports that link to it (published with the run's outputs; no credentials).
-            (directory / "mlflow_run.json").write_text(json.dumps(tracker.location()))
+            location = (tracker.tracker if isinstance(tracker, ContinuedRun) else tracker).location()
+            (directory / "mlflow_run.json").write_text(json.dumps(location))
         except Exception as err:  # noqa: BLE001 - no tracking server must not stop training
             logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", redact_text(str(err)))
     return MultiTracker(trackers)

@@ -1,0 +1,189 @@
+"""What an `output_dir` already holds, and whether this run may continue it.
+
+Before a stage loads anything, `vet_output_dir` looks at the output directory and decides, with one
+line when the answer is no:
+
+- a finished run (`final_metrics.json` published) is not trained again (`RunFinished`, exit 0);
+- with `checkpoint.resume: false`, a directory that holds a run's checkpoints or outputs is refused
+  unless `checkpoint.overwrite: true` (then `clear_outputs` deletes them once the lease is held);
+- the checkpoint to resume must belong to this run: its manifest's fingerprint (stage, base model,
+  data, and the config keys that shape the run, see `run_fingerprint`) must match, and so must the
+  data-parallel world size (the global batch and each rank's samples depend on it, so a changed
+  world size is refused rather than resumed inexactly).
+
+`restore_history` makes `metrics.jsonl` continue from the resumed step: the checkpoint carries the
+history up to its step, which replaces whatever a killed attempt appended after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
+from trainer.config import StageConfig, as_dict
+from trainer.errors import CheckpointError, ConfigError, RunFinished
+from trainer.storage import get_storage, is_remote, join_uri
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+FINAL_METRICS_FILE = "final_metrics.json"
+# Config keys whose change makes a checkpoint belong to another run (besides the stage's own section).
+SHAPING_KEYS = ("model.path", "model.lora", "data.train_path", "data.max_length", "train.seed",
+                "train.micro_batch_size", "train.gradient_accumulation_steps", "reward")
+# Keys of a stage section that may change between attempts: they lengthen or shorten the run.
+LENGTH_KEYS = ("num_episodes",)
+
+
+def _lookup(values: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return None
+        values = values[part]
+    return values
+
+
+def run_fingerprint(config: StageConfig, stage: str) -> dict[str, Any]:
+    """The identity of a run: its stage, base model, data and the config keys that shape its steps.
+
+    The learning rate, intervals and run length are left out on purpose: resuming with a lower
+    learning rate or for more steps is a normal thing to do.
+    """
+    values = as_dict(config)
+    fingerprint: dict[str, Any] = {"stage": stage}
+    for key in SHAPING_KEYS:
+        if _lookup(values, key) is not None:
+            fingerprint[key] = _lookup(values, key)
+    section = values.get(stage) or {}
+    for key, value in section.items():
+        if key not in LENGTH_KEYS:
+            fingerprint[f"{stage}.{key}"] = value
+    return json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+
+
+def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key is X there, Y here` for each key that differs (the stage first)."""
+    keys = sorted(set(saved) | set(current), key=lambda key: (key != "stage", key))
+    return [f"{key} is {saved.get(key)!r} there, {current.get(key)!r} here" for key in keys
+            if saved.get(key) != current.get(key)]
+
+
+def existing_outputs(output_uri: str) -> list[str]:
+    """What a previous run left in `output_uri`: checkpoints, metrics, a model (names, for messages)."""
+    storage = get_storage(output_uri)
+    found = []
+    if storage.list(join_uri(output_uri, "checkpoints")):
+        found.append("checkpoints")
+    for name in (FINAL_METRICS_FILE, METRICS_FILE):
+        if storage.exists(join_uri(output_uri, name)):
+            found.append(name)
+    return found
+
+
+def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManager,
+                   world_size: int) -> tuple[list[str], dict[str, Any]]:
+    """Decide what this run does with what `output_dir` holds.
+
+    Returns:
+        The complete checkpoints to resume from, newest first ([] to start fresh), and the manifest
+        of the newest ({} when none).
+
+    Raises:
+        RunFinished: The directory holds a finished run and `checkpoint.resume` is on.
+        ConfigError: `checkpoint.resume` is off, the directory holds a run, and `overwrite` is off.
+        CheckpointError: The checkpoint belongs to another run or another world size, or none is usable.
+    """
+    output_uri = config.output_dir.rstrip("/")
+    options = config.checkpoint
+    found = existing_outputs(output_uri)
+    if not options.resume:
+        if found and not options.overwrite:
+            raise ConfigError(f"{output_uri} already holds a run ({', '.join(found)}) and checkpoint.resume is "
+                              "false: set checkpoint.resume: true to continue it, or checkpoint.overwrite: true to "
+                              "delete it and start over")
+        return [], {}
+    if FINAL_METRICS_FILE in found:
+        raise RunFinished(f"{output_uri} already holds a finished {stage} run (its model is in "
+                          f"{join_uri(output_uri, 'model')}); nothing to do. Use another output_dir to train again")
+    if "checkpoints" not in found:
+        return [], {}
+    candidates = checkpoints.complete_checkpoints()
+    if not candidates:
+        return [], {}
+    manifest = checkpoints.read_json(candidates[0], MANIFEST_FILE)
+    check_belongs(candidates[0], manifest, checkpoints.read_json(candidates[0], STATE_FILE),
+                  run_fingerprint(config, stage), world_size)
+    return candidates, manifest
+
+
+def check_belongs(directory: str, manifest: dict[str, Any], state: dict[str, Any], fingerprint: dict[str, Any],
+                  world_size: int) -> None:
+    """CheckpointError (one line) unless the checkpoint was written by this run at this world size."""
+    saved = manifest.get("fingerprint")
+    if saved is not None:
+        differences = fingerprint_differences(saved, fingerprint)
+        if differences:
+            more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+            raise CheckpointError(f"{directory} belongs to another run: {differences[0]}{more}; use another "
+                                  "output_dir, or set checkpoint.resume: false and checkpoint.overwrite: true to "
+                                  "start over")
+    saved_world = manifest.get("world_size", state.get("world_size"))
+    if saved_world is not None and int(saved_world) != world_size:
+        raise CheckpointError(f"{directory} was written by {saved_world} data-parallel process(es), this run has "
+                              f"{world_size}: the global batch and each rank's samples would change, so it is not "
+                              f"resumed; rerun with {saved_world} process(es), or start a new output_dir")
+
+
+def clear_outputs(output_uri: str, exports: tuple[str, ...] = ("model", "critic")) -> None:
+    """Delete what a previous run left (`checkpoint.overwrite`): checkpoints, run files, exported models."""
+    storage = get_storage(output_uri)
+    for name in ("checkpoints", *exports):
+        directory = join_uri(output_uri, name)
+        if is_remote(directory):
+            for uri in storage.list(directory):
+                storage.delete(uri)
+        else:
+            storage.delete(directory)
+    for name in (METRICS_FILE, FINAL_METRICS_FILE, "samples.jsonl", "params.json", "mlflow_run.json"):
+        storage.delete(join_uri(output_uri, name))
+    logger.warning("checkpoint.overwrite: deleted the previous run's checkpoints and outputs in %s", output_uri)
+
+
+def history_until(text: str, step: int) -> str:
+    """The lines of a metrics.jsonl text logged at or before `step` (unparsable lines, e.g. a line cut
+    by a kill, are dropped)."""
+    kept = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line + "\n")
+    return "".join(kept)
+
+
+def restore_history(output_uri: str, local_dir: Path, checkpoint: str | None, step: int) -> None:
+    """Make `<local_dir>/metrics.jsonl` the history up to `step`: the checkpoint's copy when it has one,
+    else the published (or local) file cut at `step`; empty for a fresh start (rank 0)."""
+    local = local_dir / METRICS_FILE
+    history = ""
+    if checkpoint is not None:
+        saved = join_uri(checkpoint, METRICS_FILE)
+        storage = get_storage(saved)
+        if storage.exists(saved):
+            history = history_until(storage.read_bytes(saved).decode(errors="replace"), step)
+        else:
+            published = join_uri(output_uri, METRICS_FILE)
+            source = get_storage(published)
+            text = source.read_bytes(published).decode(errors="replace") if source.exists(published) else ""
+            if not text and local.is_file():
+                text = local.read_text(errors="replace")
+            history = history_until(text, step)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    temporary = local.with_name(f".{METRICS_FILE}.tmp")
+    temporary.write_text(history)
+    temporary.replace(local)
