@@ -1,10 +1,13 @@
 """The run context every stage shares, and the three things every stage does with it.
 
-`build_context` sets up the process group, plugin, booster, tokenizer and local work directory;
-`open_outputs` records the config and starts tracking once inputs have loaded; `resume_latest`
-restores the newest checkpoint when resuming is on; `finish_stage` exports the trained model(s),
-writes `final_metrics.json` and publishes everything to a remote `output_dir`. Supervised and
-online stages both call these, so each happens in one place.
+`build_context` sets up the process group, plugin, booster, tokenizer and local work directory,
+and vets `output_dir` before anything loads (a live lease, a finished run, a foreign checkpoint:
+see `trainer.resume`); `open_outputs` takes the lease, records the config and starts tracking once
+inputs have loaded; `resume_latest` restores the newest usable checkpoint (falling back past a
+damaged one) and the metric history up to it; `finish_stage` refuses a non-finite model, exports
+the trained model(s), writes `final_metrics.json` and publishes everything to a remote
+`output_dir`; `close_context` ends tracking, releases the lease and the signal handlers. Supervised
+and online stages all call these, so each happens in one place.
 
 What a stage trains, and how, lives in `trainer/supervised/` and `trainer/online/`.
 """
@@ -16,29 +19,38 @@ import json
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from trainer import preemption
 from trainer.booster import Booster, Plugin, make_plugin, unwrap_model
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointManager, one_line
 from trainer.config import STAGE_CONFIGS, StageConfig, as_dict, dump_config
-from trainer.errors import ConfigError
+from trainer.errors import AlignflowError, CheckpointError, ConfigError, TrainingError
+from trainer.jsonio import dumps
+from trainer.lease import Lease
 from trainer.models import export_model, load_tokenizer
-from trainer.runtime import DistributedEnv, init_process_group, pick_device, read_distributed_env
+from trainer.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
+from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, pick_device, read_distributed_env
 from trainer.storage import get_storage, is_remote, join_uri
 from trainer.storage.local import local_path
 from trainer.storage.transfer import cache_root, upload_dir
-from trainer.tracking.tracker import NullTracker, Tracker, build_tracker
+from trainer.tracking.tracker import NullTracker, Tracker, build_tracker, mlflow_run_id
 
 logger = logging.getLogger(__name__)
 
-# The small files a run leaves beside its model(s), published with them.
-RUN_FILES = ("config.yaml", "params.json", "metrics.jsonl", "final_metrics.json", "mlflow_run.json", "samples.jsonl")
+# The small files a run leaves beside its model(s), published with them; `final_metrics.json` last,
+# since its presence in `output_dir` marks the run finished.
+RUN_FILES = ("config.yaml", "params.json", "metrics.jsonl", "mlflow_run.json", "samples.jsonl", "final_metrics.json")
+# Errors of loading a checkpoint that mean "damaged": the loader falls back to the one before.
+DAMAGED = (CheckpointError, OSError, EOFError, ValueError, KeyError, RuntimeError)
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -51,6 +63,11 @@ class RunContext:
     tracker: Tracker
     output_dir: Path
     """Local working directory: `config.output_dir` itself, or a cache folder when that is remote."""
+    resume_from: list[str] = field(default_factory=list)
+    """Complete checkpoints of this run to resume from, newest first (see `trainer.resume`)."""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """The newest checkpoint's manifest (its MLflow run id is continued)."""
+    lease: Lease | None = None
 
     @property
     def output_uri(self) -> str:
@@ -77,58 +94,208 @@ def stage_name(config: StageConfig) -> str:
     return next(name for name, cls in STAGE_CONFIGS.items() if cls is type(config))
 
 
+def run_on_main(env: DistributedEnv, function: Callable[[], T]) -> T:
+    """Run `function` on rank 0 only; every rank gets its result, or raises the AlignflowError it raised."""
+    result, error = None, None
+    if env.is_main_process:
+        try:
+            result = function()
+        except AlignflowError as err:
+            error = err
+    if dist.is_initialized() and env.world_size > 1:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
 def build_context(config: StageConfig) -> RunContext:
+    """Join the process group, build plugin and booster, vet `output_dir`, then load the tokenizer."""
     env = read_distributed_env()
     device = pick_device(env)
     if config.model.lora is not None and config.parallel.plugin == "fsdp2":
         raise ConfigError("model.lora with parallel.plugin 'fsdp2' is not supported; use ddp for LoRA")
     init_process_group(env, device)
     plugin = make_plugin(config.parallel.plugin, env, device)
-    return RunContext(config, env, plugin, Booster(plugin, config.train.mixed_precision),
-                      load_tokenizer(config.model.path), NullTracker(), local_work_dir(config.output_dir))
+    booster = Booster(plugin, config.train.mixed_precision)
+    resume_from, manifest = run_on_main(env, lambda: _vet(config, booster))
+    context = RunContext(config, env, plugin, booster, load_tokenizer(config.model.path), NullTracker(),
+                         local_work_dir(config.output_dir), resume_from=resume_from, manifest=manifest)
+    preemption.install(config.checkpoint.preemption_grace_seconds)
+    return context
+
+
+def _vet(config: StageConfig, booster: Booster) -> tuple[list[str], dict[str, Any]]:
+    """Fail at once if a live run holds `output_dir`; else what `trainer.resume.vet_output_dir` decides."""
+    output_uri = config.output_dir.rstrip("/")
+    Lease(output_uri, config.checkpoint.lease_timeout_seconds).check_free()
+    checkpoints = CheckpointManager(join_uri(output_uri, "checkpoints"), booster)
+    return vet_output_dir(config, stage_name(config), checkpoints, booster.plugin.world_size)
 
 
 def open_outputs(context: RunContext) -> None:
-    """Create the output directory, record the resolved config and start tracking.
+    """Take the lease on `output_dir` (clearing it first under `checkpoint.overwrite`), record the
+    resolved config and start tracking (continuing the resumed attempt's MLflow run).
 
     Called only after the model and data loaded, so bad input leaves nothing behind.
     """
-    if context.env.is_main_process:
+    config = context.config
+
+    def claim() -> None:
+        context.lease = Lease(context.output_uri, config.checkpoint.lease_timeout_seconds)
+        context.lease.acquire()
+        if config.checkpoint.overwrite:
+            clear_outputs(context.output_uri)
+            if is_remote(context.output_uri):
+                (context.output_dir / METRICS_FILE).unlink(missing_ok=True)
         context.output_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(context.config, context.output_dir / "config.yaml")
-    context.tracker = build_tracker(context.output_dir, context.env.is_main_process, context.config.tracking,
-                                    stage_name(context.config))
-    context.tracker.log_params(as_dict(context.config))
+        dump_config(config, context.output_dir / "config.yaml")
+
+    run_on_main(context.env, claim)
+    context.tracker = build_tracker(context.output_dir, context.env.is_main_process, config.tracking,
+                                    stage_name(config), resume_run_id=context.manifest.get("mlflow_run_id"))
+    context.tracker.log_params(as_dict(config))
 
 
 def resume_latest(context: RunContext, checkpoints: CheckpointManager, components: dict,
                   restore: Callable[[dict], None]) -> bool:
-    """Restore the newest complete checkpoint when `checkpoint.resume` is on; True if one was restored."""
-    latest = checkpoints.latest() if context.config.checkpoint.resume else None
-    if latest is None:
-        return False
-    restore(checkpoints.load(latest, components))
-    return True
+    """Restore the newest usable checkpoint (`build_context` vetted them) and the metric history up to it.
+
+    A checkpoint that fails to load (a damaged file its manifest did not catch) is skipped with a
+    warning for the one before; one that does not fit the model (shapes, names) is an error. Every
+    checkpoint written from now on records the run's fingerprint, world size and MLflow run.
+
+    Returns:
+        True if a checkpoint was restored; False for a fresh start.
+    """
+    _stamp(context, checkpoints)
+    errors = []
+    for candidate in context.resume_from:
+        state, error = _load_agreed(checkpoints, candidate, components)
+        if error is not None:
+            errors.append(f"{candidate}: {error}")
+            logger.warning("checkpoint %s could not be loaded (%s); trying the one before", candidate, error)
+            continue
+        restore(state)
+        checkpoints.last_durable = candidate
+        if context.env.is_main_process:
+            restore_history(context.output_uri, context.output_dir, candidate, int(state.get("global_step", 0)))
+        return True
+    if errors:
+        raise CheckpointError(f"no checkpoint in {context.checkpoint_root()} could be loaded; newest: {errors[0]}")
+    if context.env.is_main_process:
+        restore_history(context.output_uri, context.output_dir, None, 0)
+    return False
+
+
+def _load_agreed(checkpoints: CheckpointManager, directory: str,
+                 components: dict) -> tuple[dict | None, str | None]:
+    """Load one checkpoint on every rank; (state, None), or (None, why) on every rank if any rank failed."""
+    state, error = None, None
+    try:
+        state = checkpoints.load(directory, components)
+    except DAMAGED as err:
+        mismatch = next((line.strip() for line in str(err).splitlines()
+                         if "size mismatch" in line or "Missing key" in line or "Unexpected key" in line), None)
+        if mismatch:
+            raise CheckpointError(f"{directory} does not fit the model being trained: {mismatch}") from err
+        error = one_line(err)
+    failed = all_reduce_sum(torch.tensor([0.0 if error is None else 1.0], device=checkpoints.booster.plugin.device))
+    if failed.item() and error is None:
+        error = "another rank could not load it"
+    return (state, None) if error is None else (None, error)
+
+
+def _stamp(context: RunContext, checkpoints: CheckpointManager) -> None:
+    """What every checkpoint of this run carries and does: its identity in the manifest, the metric
+    history up to its step, and (remote output) publishing the run's files once it is complete."""
+    checkpoints.metadata = {"fingerprint": run_fingerprint(context.config, stage_name(context.config)),
+                            "world_size": context.plugin.world_size,
+                            "mlflow_run_id": mlflow_run_id(context.tracker)}
+    if not context.env.is_main_process:
+        return
+    metrics = context.output_dir / METRICS_FILE
+    checkpoints.attachments = lambda: {METRICS_FILE: metrics.read_bytes()} if metrics.is_file() else {}
+    if is_remote(context.output_uri):
+        checkpoints.on_written = lambda directory: publish_run_files(context)
 
 
 def finish_stage(context: RunContext, exports: dict[str, nn.Module], metrics: dict[str, float], step: int,
                  samples: list[dict] | None = None) -> None:
     """Export each trained model (`{"model": actor, "critic": critic}`) as an HF directory, write
-    `final_metrics.json` (and `samples.jsonl`), log eval metrics and the model, and publish."""
+    `final_metrics.json` (and `samples.jsonl`), log eval metrics and the model, and publish.
+
+    A model with a non-finite weight is never exported (TrainingError, nothing written). Metrics the
+    caller does not have (a resume at the last step trains nothing) come from the run's history.
+    """
     states = {name: context.booster.full_state_dict(model) for name, model in exports.items()}  # collectives
-    context.tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval/")}, step)
+    run_on_main(context.env, lambda: check_finite(states))
+    evaluation = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+    if evaluation:
+        context.tracker.log_metrics(evaluation, step)
     if context.env.is_main_process:
+        metrics = completed_metrics(context.output_dir / METRICS_FILE, metrics, step)
         lora = context.config.model.lora
         for name, model in exports.items():
             scale = lora.alpha / lora.r if lora and name == "model" else None
             export_model(unwrap_model(model), states[name], context.tokenizer, context.output_dir / name,
                          lora_scale=scale)
-        (context.output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+        (context.output_dir / "final_metrics.json").write_text(dumps(metrics, indent=2))
         if samples is not None:
-            (context.output_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+            (context.output_dir / "samples.jsonl").write_text("".join(dumps(s) + "\n" for s in samples))
         logger.info("model written to %s", join_uri(context.output_uri, "model"))
         context.tracker.log_model(context.output_dir / "model")
     publish_outputs(context, tuple(exports))
+
+
+def check_finite(states: dict[str, dict[str, torch.Tensor]]) -> None:
+    """TrainingError naming the first tensor with NaN/inf values, if any (rank 0 holds full states)."""
+    for name, state in states.items():
+        bad = [key for key, tensor in state.items()
+               if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+        if bad:
+            raise TrainingError(f"the trained {name} has non-finite (NaN/inf) values in {len(bad)} of {len(state)} "
+                                f"tensors (first: {bad[0]}); it is not exported. Lower optimizer.lr or check the data")
+
+
+def completed_metrics(history: Path, metrics: dict[str, float], step: int) -> dict[str, float]:
+    """`metrics`, plus any key the run logged at `step` (its last) that `metrics` lacks."""
+    merged = dict(metrics)
+    if not history.is_file():
+        return merged
+    for line in history.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step:
+            for key, value in record.items():
+                if key != "step" and value is not None:
+                    merged.setdefault(key, value)
+    return merged
+
+
+def close_context(context: RunContext) -> None:
+    """End tracking, release the lease on `output_dir` and restore the signal handlers (every exit path)."""
+    try:
+        context.tracker.close()
+    finally:
+        if context.lease is not None:
+            context.lease.release()
+            context.lease = None
+        preemption.uninstall()
+
+
+def publish_run_files(context: RunContext, names: tuple[str, ...] = ("config.yaml", "params.json", METRICS_FILE,
+                                                                      "mlflow_run.json")) -> None:
+    """Copy the run's small files (not the models) to a remote `output_dir` (rank 0)."""
+    storage = get_storage(context.output_uri)
+    for name in names:
+        path = context.output_dir / name
+        if path.is_file():
+            storage.write_bytes(join_uri(context.output_uri, name), path.read_bytes())
 
 
 def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model",)) -> None:
@@ -143,8 +310,5 @@ def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model"
         return
     for name in directories:
         upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
-    storage = get_storage(context.output_uri)
-    for name in RUN_FILES:
-        if (context.output_dir / name).is_file():
-            storage.upload_file(context.output_dir / name, join_uri(context.output_uri, name))
+    publish_run_files(context, RUN_FILES)
     logger.info("published outputs to %s", context.output_uri)

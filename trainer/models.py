@@ -1,6 +1,10 @@
 """Loading models and tokenizers from local paths, the value-head wrapper, LoRA and HF export.
 
 Models load from local directories only (`local_files_only=True`): nothing is fetched at run time.
+A directory without a tokenizer or weights, or with weights that do not load, is a one-line
+`ConfigError` naming the directory (and the file when one is at fault). A reward model or critic
+keeps its trained head, from alignflow's export or a `*ForSequenceClassification` directory (see
+`trainer.value_heads`); a reward model without one is an error.
 """
 
 from __future__ import annotations
@@ -12,16 +16,43 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from trainer import value_heads
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
+from trainer.value_heads import find_value_head
 
 logger = logging.getLogger(__name__)
 
-VALUE_HEAD_FILE = "value_head.safetensors"
+VALUE_HEAD_FILE = value_heads.VALUE_HEAD_FILE
 VALUE_HEAD_MARKER = "alignflow_value_model.json"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Keys whose directory is used to score: it must bring its trained head (never a random one).
+REWARD_MODEL_KEYS = ("reward.model_path",)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _check_weights(directory: Path, key: str) -> None:
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(f"{key}: {directory} has no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def _from_pretrained(load: Callable[..., Any], directory: Path, key: str, **kwargs: Any) -> Any:
+    """`load(directory, ...)` with missing or damaged weights turned into one ConfigError naming them."""
+    from safetensors import SafetensorError
+
+    _check_weights(directory, key)
+    try:
+        return load(str(directory), local_files_only=True, **kwargs)
+    except (OSError, ValueError, RuntimeError, EOFError, SafetensorError) as err:
+        files = ", ".join(name for name in WEIGHT_FILES if (directory / name).is_file())
+        raise ConfigError(f"{key}: cannot load the weights in {directory} ({files}): {_first_line(err)}") from err
 
 
 def _check_path(path: str, key: str = "model.path") -> Path:
@@ -38,7 +69,14 @@ def load_tokenizer(path: str) -> Any:
     """The tokenizer saved beside the model; a pad token is borrowed from EOS if it has none."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(_check_path(path)), local_files_only=True)
+    directory = _check_path(path)
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.path: {directory} has no tokenizer (expected {' or '.join(TOKENIZER_FILES[:2])}); "
+                          "save the tokenizer beside the model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"model.path: cannot load the tokenizer in {directory}: {_first_line(err)}") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -57,15 +95,14 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(_check_path(path or config.path, key)), local_files_only=True,
-        attn_implementation=config.attn_implementation, dtype=torch.float32,
-    )
+    model = _from_pretrained(AutoModelForCausalLM.from_pretrained, _check_path(path or config.path, key), key,
+                             attn_implementation=config.attn_implementation, dtype=torch.float32)
     return _apply_options(model, config)
 
 
 def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path") -> ValueHeadModel:
-    """A causal LM backbone with a scalar head; the head is restored if `path` was saved as one.
+    """A causal LM backbone with a scalar head: the trained head of an alignflow export or a
+    `*ForSequenceClassification` directory, else a new one (an error for `reward.model_path`).
 
     Args:
         config: Model options.
@@ -78,12 +115,14 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
     from transformers import AutoModel
 
     directory = _check_path(path or config.path, key)
-    backbone = AutoModel.from_pretrained(
-        str(directory), local_files_only=True, attn_implementation=config.attn_implementation, dtype=torch.float32
-    )
+    backbone = _from_pretrained(AutoModel.from_pretrained, directory, key,
+                                attn_implementation=config.attn_implementation, dtype=torch.float32)
     model = ValueHeadModel(backbone)
-    if (directory / VALUE_HEAD_FILE).is_file():
-        model.head.load_state_dict({k.removeprefix("head."): v for k, v in load_file(directory / VALUE_HEAD_FILE).items()})
+    head = find_value_head(directory, backbone.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
+    if head is not None:
+        model.head.load_state_dict(head)
+    else:
+        logger.info("%s: %s has no value head; starting from a new one", key, directory)
     return _apply_options(model, config)
 
 

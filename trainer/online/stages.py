@@ -15,7 +15,15 @@ from trainer.base import StopTraining
 from trainer.booster import Booster
 from trainer.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
-from trainer.context import RunContext, build_context, finish_stage, open_outputs, resume_latest, seed_everything
+from trainer.context import (
+    RunContext,
+    build_context,
+    close_context,
+    finish_stage,
+    open_outputs,
+    resume_latest,
+    seed_everything,
+)
 from trainer.data.collate import pad_sft
 from trainer.data.dataset import load_rows, load_sft_dataset
 from trainer.models import load_causal_lm, load_frozen, load_value_model
@@ -125,5 +133,5 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         finish_stage(context, exports, metrics, trainer.global_step, samples=trainer.samples)
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
-        context.tracker.close()
+        close_context(context)
 

@@ -24,7 +24,15 @@ from trainer.algorithms.update import Objective, to_device
 from trainer.base import StopTraining
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
-from trainer.context import RunContext, build_context, finish_stage, open_outputs, resume_latest, seed_everything
+from trainer.context import (
+    RunContext,
+    build_context,
+    close_context,
+    finish_stage,
+    open_outputs,
+    resume_latest,
+    seed_everything,
+)
 from trainer.data.collate import pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
 from trainer.models import load_causal_lm, load_frozen, load_value_model
@@ -163,5 +171,5 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         finish_stage(context, {"model": model}, metrics, trainer.global_step)
         return StageResult(metrics, model)
     finally:
-        context.tracker.close()
+        close_context(context)
 
