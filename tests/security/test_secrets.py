@@ -97,3 +97,17 @@ def test_config_values_with_user_info_are_redacted_in_params(tmp_path):
     tracker.close()
     params = (tmp_path / "params.json").read_text()
     assert "hunter22" not in params and "https://hub/m" in params
+
+
+def test_warning_when_the_tracking_server_is_down_has_no_credentials(tmp_path, monkeypatch, caplog):
+    from tests.integration.services import free_port
+    from trainer.config import TrackingConfig
+    from trainer.tracking.tracker import build_tracker
+
+    password = "pw-" + secrets.token_urlsafe(16)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://bot:{password}@127.0.0.1:{free_port()}")  # nothing listens
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with caplog.at_level(logging.WARNING):
+        build_tracker(tmp_path, True, TrackingConfig(backend="mlflow"), "sft").close()
+    (warning,) = [r.getMessage() for r in caplog.records if "MLflow tracking disabled" in r.getMessage()]
+    assert "127.0.0.1" in warning and password not in warning and "bot:" not in warning
