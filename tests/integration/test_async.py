@@ -227,8 +227,9 @@ def test_ppo_trainer_resumes_actor_critic_and_step_from_its_checkpoint(tmp_path,
                 explorer.refresh_weights(trainer.train_step_num)
                 queue.put(explorer.make_batch())
                 await trainer.train_step(await trainer._sample_data({}))
-                await trainer.sync_weight()
-            trainer.save_checkpoint(block_until_saved=True)
+                assert await trainer.need_sync()
+                assert "time/sync_weight" in await trainer.sync_weight()  # the seed's newer API: metrics back
+            assert trainer.save_checkpoint(block_until_saved=True).keys() == {"time/save_checkpoint"}
             return trainer
         finally:
             await trainer.shutdown()

@@ -37,7 +37,7 @@ from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, Critic
 from trainer.asynchronous.weights import weights_dir
 from trainer.checkpoint import CheckpointManager
 from trainer.config import OnlineStageConfig, PPOConfig
-from trainer.context import build_context, finish_stage, open_outputs, seed_everything
+from trainer.context import build_context, finish_stage, open_outputs, resume_latest, seed_everything
 from trainer.errors import CheckpointError, ConfigError
 from trainer.online.experience import Experience
 from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages
@@ -99,17 +99,19 @@ class TorchTrainEngine(TrainEngineWrapper):
         self._load_checkpoint()
 
     def _load_checkpoint(self) -> None:
-        latest = self.checkpoints.latest() if self.config.checkpoint.resume else None
-        if latest is None:
-            return
-        state = self.actor_rollout_wg.load_checkpoint(latest)
-        if "train_step" not in state:
-            raise CheckpointError(f"{latest} was written by the colocated loop (episode {state.get('episode')}); the "
-                                  "asynchronous trainer cannot continue it: use another output_dir or checkpoint.resume false")
+        """Resume both roles from the run's latest checkpoint, through the path every stage uses."""
+        components = {"actor": self.actor_rollout_wg.checkpoint_manager.parts}
         if self.critic_wg is not None:
-            self.critic_wg.load_checkpoint(latest)
+            components["critic"] = self.critic_wg.checkpoint_manager.parts
+        resume_latest(self.context, self.checkpoints, components, self._restore)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        if "train_step" not in state:
+            raise CheckpointError(f"{self.checkpoints.root}: the latest checkpoint was written by the colocated loop "
+                                  f"(episode {state.get('episode')}); the asynchronous trainer cannot continue it: use "
+                                  "another output_dir or checkpoint.resume false")
         self.global_steps = self._saved_step = state["train_step"]
-        self.actor_rollout_wg.actor.num_optimizer_steps = state["global_step"]
+        self.actor_rollout_wg.actor.num_optimizer_steps = state["optimizer_steps"]
         self.kl_controller.value = state["kl_coef"]
 
     @property
@@ -159,8 +161,9 @@ class TorchTrainEngine(TrainEngineWrapper):
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
         step = self.global_steps
         if self._saved_step != step:
-            state = {"train_step": step, "global_step": self.actor_rollout_wg.actor.num_optimizer_steps,
-                     "kl_coef": self.kl_controller.value}
+            # `global_step` is the step metrics are logged at (here the trainer step), as in every stage.
+            state = {"train_step": step, "global_step": step, "kl_coef": self.kl_controller.value,
+                     "optimizer_steps": self.actor_rollout_wg.actor.num_optimizer_steps}
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(step, block=block_until_saved)
             self.actor_rollout_wg.save_checkpoint(step, state, block=block_until_saved)
