@@ -307,3 +307,26 @@ def test_experience_split_and_select_sizes():
 def test_experience_as_batch_skips_absent_fields():
     experience = make_experience(1)
     assert set(experience.as_batch()) == {"input_ids", "attention_mask", "action_mask", "position_ids", "scores"}
+
+
+def test_experience_file_format_keeps_optional_tensors_dtypes_version_and_info():
+    from trainer.asynchronous.buffer import decode_experience, encode_experience
+
+    experience = make_experience(1, version=5)
+    experience.old_logps = torch.randn(2, 3, dtype=torch.float64)
+    experience.behaviour_logps = torch.randn(2, 3)
+    experience.info = {"reward/mean": 0.25}
+    decoded = decode_experience(encode_experience(experience), "batch-00000001.safetensors")
+    assert_same_experience(decoded, experience)
+    assert decoded.old_logps.dtype == torch.float64 and decoded.values is None
+    assert decoded.info == {"reward/mean": 0.25}
+
+
+def test_experience_file_with_unknown_tensors_is_a_data_error_naming_it():
+    from safetensors.torch import save
+
+    from trainer.asynchronous.buffer import decode_experience
+    from trainer.errors import DataError
+
+    with pytest.raises(DataError, match=r"^b-1: unknown experience fields \['evil'\]"):
+        decode_experience(save({"evil": torch.zeros(1), "scores": torch.zeros(1)}), "b-1")
