@@ -16,6 +16,7 @@ import torch.distributed as dist
 from trainer import preemption
 from trainer.config import COMMAND_CONFIGS, describe_fields, load_config
 from trainer.errors import AlignflowError, ConfigError
+from trainer.redact import redact_text
 from trainer.runtime import read_distributed_env, setup_logging
 
 logger = logging.getLogger("trainer")
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run_stage(config, stop_after_steps=args.stop_after_steps)
     except AlignflowError as err:
-        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        # The one message a user sees: a URI it names loses any user:password it carried.
+        print(redact_text(f"{type(err).__name__}: {err}"), file=sys.stderr)
         return getattr(err, "exit_code", 2)  # RunFinished: 0
     finally:
         if dist.is_initialized():
