@@ -37,7 +37,7 @@ from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, Critic
 from trainer.asynchronous.weights import weights_dir
 from trainer.checkpoint import CheckpointManager
 from trainer.config import OnlineStageConfig, PPOConfig
-from trainer.context import build_context, finish_stage, open_outputs, resume_latest, seed_everything
+from trainer.context import build_context, close_context, finish_stage, open_outputs, resume_latest, seed_everything
 from trainer.errors import CheckpointError, ConfigError
 from trainer.online.experience import Experience
 from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages
@@ -190,11 +190,14 @@ class TorchTrainEngine(TrainEngineWrapper):
         logger.info("published weight version %d", self.global_steps)
 
     def close(self) -> None:
-        """Wait for a background checkpoint write, then close the tracker (whatever `prepare` got to)."""
-        if hasattr(self, "actor_rollout_wg"):
-            self.actor_rollout_wg.wait_on_save_thread()
-        if hasattr(self, "context"):
-            self.context.tracker.close()
+        """Wait for a background checkpoint write, then end tracking and release the run's lease
+        (`trainer.context.close_context`), whatever `prepare` got to."""
+        try:
+            if hasattr(self, "actor_rollout_wg"):
+                self.actor_rollout_wg.wait_on_save_thread()
+        finally:
+            if hasattr(self, "context"):
+                close_context(self.context)
 
 
 def decode_samples(tokenizer: Any, batch: Experience, count: int) -> list[dict]:
