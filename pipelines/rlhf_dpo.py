@@ -4,7 +4,15 @@ from kfp import dsl
 
 from components.dpo.component import train_dpo
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare, sft_stage, with_cleanup
+from pipelines.steps import (
+    cluster_arguments,
+    evaluate_and_register,
+    open_run,
+    prepare,
+    run_stages,
+    sft_stage,
+    stage_arguments,
+)
 
 
 @dsl.pipeline(name="rlhf-dpo", description="SFT, then DPO, evaluated against the SFT model and registered if better.")
@@ -16,6 +24,7 @@ def rlhf_dpo(
     reward_function: str,
     sft_eval_uri: str = "",
     preference_eval_uri: str = "",
+    dataset_sha256: dict = {},
     launcher_mode: str = "kubernetes",
     trainer_image: str = "",
     num_nodes: int = 1,
@@ -31,13 +40,16 @@ def rlhf_dpo(
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-dpo",
 ):
+    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
+                    preference_eval_uri=preference_eval_uri, eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    with with_cleanup(launcher_mode):
-        inputs = prepare(base_model_uri, sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri,
-                         preference_train_uri=preference_train_uri, preference_eval_uri=preference_eval_uri,
-                         eval_prompts_uri=eval_prompts_uri)
-        sft = sft_stage(base_model_uri, inputs, cluster, sft_lr, sft_epochs, sft_settings)
+    lineage = open_run("rlhf-dpo", base_model_uri, dataset_sha256, **datasets)
+    stage = stage_arguments(cluster, lineage)
+    with run_stages(launcher_mode):
+        inputs = prepare(lineage, base_model_uri, **datasets)
+        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
         dpo = as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
                                  eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
-                                 beta=dpo_beta, settings=dpo_settings, **cluster))
-        evaluate_and_register(dpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name)
+                                 beta=dpo_beta, settings=dpo_settings, **stage))
+        evaluate_and_register(dpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
+                              lineage, "rlhf-dpo")

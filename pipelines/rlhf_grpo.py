@@ -4,7 +4,15 @@ from kfp import dsl
 
 from components.grpo.component import train_grpo
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare, sft_stage, with_cleanup
+from pipelines.steps import (
+    cluster_arguments,
+    evaluate_and_register,
+    open_run,
+    prepare,
+    run_stages,
+    sft_stage,
+    stage_arguments,
+)
 
 
 @dsl.pipeline(name="rlhf-grpo", description="SFT, then GRPO on a reward function; registered if it beats SFT.")
@@ -15,6 +23,7 @@ def rlhf_grpo(
     eval_prompts_uri: str,
     reward_function: str,
     sft_eval_uri: str = "",
+    dataset_sha256: dict = {},
     launcher_mode: str = "kubernetes",
     trainer_image: str = "",
     num_nodes: int = 1,
@@ -30,13 +39,17 @@ def rlhf_grpo(
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-grpo",
 ):
+    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, prompts_uri=prompts_uri,
+                    eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    with with_cleanup(launcher_mode):
-        inputs = prepare(base_model_uri, sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri,
-                         prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
-        sft = sft_stage(base_model_uri, inputs, cluster, sft_lr, sft_epochs, sft_settings)
+    lineage = open_run("rlhf-grpo", base_model_uri, dataset_sha256, **datasets)
+    stage = stage_arguments(cluster, lineage)
+    with run_stages(launcher_mode):
+        inputs = prepare(lineage, base_model_uri, **datasets)
+        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
         grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
                                    eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                    lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
-                                   settings=grpo_settings, **cluster))
-        evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name)
+                                   settings=grpo_settings, **stage))
+        evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
+                              lineage, "rlhf-grpo")

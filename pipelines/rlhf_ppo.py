@@ -5,7 +5,15 @@ from kfp import dsl
 from components.ppo.component import train_ppo
 from components.rm.component import train_reward_model
 from pipelines.options import as_stage
-from pipelines.steps import cluster_arguments, evaluate_and_register, prepare, sft_stage, with_cleanup
+from pipelines.steps import (
+    cluster_arguments,
+    evaluate_and_register,
+    open_run,
+    prepare,
+    run_stages,
+    sft_stage,
+    stage_arguments,
+)
 
 
 @dsl.pipeline(name="rlhf-ppo", description="SFT, a reward model, then PPO; evaluated against SFT and registered if better.")
@@ -17,6 +25,7 @@ def rlhf_ppo(
     eval_prompts_uri: str,
     sft_eval_uri: str = "",
     preference_eval_uri: str = "",
+    dataset_sha256: dict = {},
     launcher_mode: str = "kubernetes",
     trainer_image: str = "",
     num_nodes: int = 1,
@@ -37,19 +46,21 @@ def rlhf_ppo(
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-ppo",
 ):
+    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
+                    preference_eval_uri=preference_eval_uri, prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    with with_cleanup(launcher_mode):
-        inputs = prepare(base_model_uri, sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri,
-                         preference_train_uri=preference_train_uri, preference_eval_uri=preference_eval_uri,
-                         prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
-        sft = sft_stage(base_model_uri, inputs, cluster, sft_lr, sft_epochs, sft_settings)
+    lineage = open_run("rlhf-ppo", base_model_uri, dataset_sha256, **datasets)
+    stage = stage_arguments(cluster, lineage)
+    with run_stages(launcher_mode):
+        inputs = prepare(lineage, base_model_uri, **datasets)
+        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
         reward_model = as_stage(train_reward_model(
             base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
             eval_dataset=inputs.outputs["preference_eval"], lr=rm_lr, max_epochs=rm_epochs, settings=rm_settings,
-            **cluster))
+            **stage))
         ppo = as_stage(train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
                                  eval_dataset=inputs.outputs["eval_prompts"], reward_model=reward_model.outputs["model"],
                                  reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
-                                 kl_coef=ppo_kl_coef, settings=ppo_settings, **cluster))
+                                 kl_coef=ppo_kl_coef, settings=ppo_settings, **stage))
         evaluate_and_register(ppo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              reward_model=reward_model)
+                              lineage, "rlhf-ppo", reward_model=reward_model)

@@ -1,49 +1,103 @@
-"""Pieces every pipeline shares: inputs and SFT first, evaluation and the registration gate last."""
+"""Pieces every pipeline shares: the lineage run and inputs first, SFT, evaluation and the registration gate last.
+
+Every pipeline has the same frame:
+
+    lineage = open_run("rlhf-dpo", base_model_uri, dataset_sha256, sft_train_uri=..., ...)
+    with run_stages(launcher_mode):
+        inputs = prepare(lineage, base_model_uri, sft_train_uri=..., ...)
+        ...stages with **stage_arguments(cluster, lineage)...
+        evaluate_and_register(..., lineage, "rlhf-dpo")
+
+`open_run` is the first step: it checks the datasets against their manifest hashes and opens the
+pipeline's MLflow parent run, whose id every stage gets (`parent_run_id`) so its run nests under it.
+`run_stages` is the exit handler: however the stages end, it deletes the run's PyTorchJobs and
+closes the parent run with the pipeline's final state.
+"""
+
+from importlib import metadata
 
 from kfp import dsl
 
-from components.cleanup.component import cleanup_jobs
 from components.evaluate.component import evaluate_model
 from components.fingerprint.component import fingerprint_inputs
+from components.lineage.component import finish_run, open_lineage
 from components.prepare.component import prepare_inputs
 from components.register.component import register_model
 from components.sft.component import train_sft
 from pipelines.options import as_stage, as_step
 
 
-def prepare(base_model_uri: str, **dataset_uris: str) -> dsl.PipelineTask:
-    """The run's datasets, copied in; cached on their content (ETags), not on their URIs."""
+def pipeline_version() -> str:
+    """The version the parent run is tagged with: the alignflow package the pipeline was compiled from."""
+    try:
+        return metadata.version("alignflow")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def open_run(pipeline: str, base_model_uri: str, dataset_sha256: dict, **dataset_uris: str) -> dsl.PipelineTask:
+    """The first step: the datasets checked against `dataset_sha256` and the MLflow parent run opened.
+
+    Never cached: each pipeline run gets its own parent run (a retried task reuses its own).
+    """
+    names = [name.removesuffix("_uri") for name in dataset_uris]
+    lineage = as_step(open_lineage(pipeline=pipeline, pipeline_version=pipeline_version(),
+                                   run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, dataset_names=names,
+                                   dataset_uris=list(dataset_uris.values()), base_model_uri=base_model_uri,
+                                   dataset_sha256=dataset_sha256))
+    lineage.set_caching_options(False)
+    return lineage
+
+
+def run_stages(launcher_mode: str) -> dsl.ExitHandler:
+    """Everything after `open_run`: when it ends, however it ends, the exit task deletes the run's
+    PyTorchJobs and marks the parent run FINISHED, FAILED or KILLED (KFP allows one exit handler)."""
+    finish = as_step(finish_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, launcher_mode=launcher_mode))
+    finish.set_caching_options(False)
+    return dsl.ExitHandler(finish, name="run-stages")
+
+
+def prepare(lineage: dsl.PipelineTask, base_model_uri: str, **dataset_uris: str) -> dsl.PipelineTask:
+    """The run's datasets, copied in once they passed the lineage check; cached on their content (ETags)."""
     fingerprint = as_step(fingerprint_inputs(uris=[base_model_uri, *dataset_uris.values()]))
     fingerprint.set_caching_options(False)
+    fingerprint.after(lineage)
     inputs = as_step(prepare_inputs(content_fingerprint=fingerprint.output, **dataset_uris))
     inputs.set_caching_options(True)
     return inputs
 
 
-def sft_stage(base_model_uri: str, inputs: dsl.PipelineTask, cluster: dict, sft_lr: float, sft_epochs: int,
+def stage_arguments(cluster: dict, lineage: dsl.PipelineTask) -> dict:
+    """What every training stage receives: the cluster arguments and the MLflow parent run to nest under."""
+    return {**cluster, "parent_run_id": lineage.output}
+
+
+def sft_stage(base_model_uri: str, inputs: dsl.PipelineTask, stage: dict, sft_lr: float, sft_epochs: int,
               sft_settings: dict) -> dsl.PipelineTask:
     """SFT from the base model (read straight from its URI: a large model is not copied into the run)."""
     return as_stage(train_sft(base_model_uri=base_model_uri, train_dataset=inputs.outputs["sft_train"],
                               eval_dataset=inputs.outputs["sft_eval"], lr=sft_lr, max_epochs=sft_epochs,
-                              settings=sft_settings, **cluster))
+                              settings=sft_settings, **stage))
 
 
 def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTask, inputs: dsl.PipelineTask,
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
+                          lineage: dsl.PipelineTask, pipeline: str,
                           reward_model: dsl.PipelineTask | None = None) -> None:
-    """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher."""
+    """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher.
+
+    The gate registers the version (alias `candidate`) and moves `champion` when it also beats the
+    current champion (components/register).
+    """
     extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
     evaluation = as_step(evaluate_model(model=candidate.outputs["model"], baseline=baseline.outputs["model"],
                                         prompts=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                         max_new_tokens=max_new_tokens, **cluster, **extra))
     with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
-        as_step(register_model(model=candidate.outputs["model"], name=registered_model_name))
-
-
-def with_cleanup(launcher_mode: str) -> dsl.ExitHandler:
-    """Wrap a pipeline's stages so its PyTorchJobs are deleted when the run ends, however it ends."""
-    cleanup = as_step(cleanup_jobs(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, launcher_mode=launcher_mode))
-    return dsl.ExitHandler(cleanup, name="run-stages")
+        gate = as_step(register_model(model=candidate.outputs["model"], evaluation=evaluation.outputs["metrics"],
+                                      name=registered_model_name, parent_run_id=lineage.output,
+                                      run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=pipeline))
+        gate.set_caching_options(False)  # the registry changes between runs (a new champion)
 
 
 def cluster_arguments(launcher_mode: str, trainer_image: str, num_nodes: int, gpus_per_node: int,

@@ -104,12 +104,19 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
     model, metrics, report = params["model"], params["metrics"], params["report"]
     job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
+    cluster = cluster_options(params)
+    if params.get("parent_run_id"):  # the pipeline's MLflow run (components/lineage): the stage's run nests under it
+        cluster.env = {**cluster.env, "ALIGNFLOW_PARENT_RUN_ID": params["parent_run_id"]}
     final = run_stage_job(stage, config, model_uri=model.uri, job_root=job_root, run_id=params["run_id"],
-                          task=f"{stage}", cluster=cluster_options(params))
+                          task=f"{stage}", cluster=cluster)
     for key, value in final.items():
         if isinstance(value, (int, float)):
             metrics.log_metric(key.replace("/", "_"), float(value))
     model.metadata["stage"] = stage
     with open(report.path, "w") as handle:
         handle.write(stage_report(stage, config, final, job_root))
+    if params.get("curves") is not None:  # the curves as a plot, beside the Markdown report
+        from components.reports.curves import write_stage_html
+
+        write_stage_html(params["curves"].path, stage, final, job_root)
     return final

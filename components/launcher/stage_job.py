@@ -175,7 +175,10 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
     run_uri = join_uri(job_root, "mlflow_run.json")
     if storage.exists(run_uri):
         run = json.loads(storage.read_bytes(run_uri))
-        where = f"[{run['run_id']}]({run['link']})" if run.get("link") else f"`{run['run_id']}` in `{run['tracking_uri']}`"
+        from components.reports.links import stage_run_link  # ALIGNFLOW_MLFLOW_EXTERNAL_URL when set
+
+        link = stage_run_link(run)
+        where = f"[{run['run_id']}]({link})" if link else f"`{run['run_id']}` in `{run['tracking_uri']}`"
         lines += ["", f"MLflow run: {where}"]
     lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
     return "\n".join(lines) + "\n"

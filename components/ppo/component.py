@@ -1,7 +1,7 @@
 """train_ppo: PPO against a reward model or a reward function, as a PyTorchJob."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import LAUNCHER_IMAGE
 
@@ -15,6 +15,7 @@ def train_ppo(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    curves: Output[HTML],
     run_id: str,
     reward_function: str = "",
     lr: float = 1e-6,
@@ -29,6 +30,7 @@ def train_ppo(
     gpus_per_node: int = 1,
     s3_secret: str = "",
     job_root: str = "",
+    parent_run_id: str = "",
 ):
     """Optimise a policy with PPO (actor, critic on the reward model, frozen reference).
 
@@ -40,6 +42,7 @@ def train_ppo(
         model: The PPO-trained policy.
         metrics: Final training and evaluation metrics.
         report: Metrics, curves and the resolved config.
+        curves: Loss, reward, KL and learning-rate curves against step, as an HTML plot.
         run_id: The pipeline run id (names the job and keys its checkpoints).
         reward_function: Registered reward function name to score with instead of the reward model.
         lr: Peak learning rate of AdamW.
@@ -54,6 +57,7 @@ def train_ppo(
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.
+        parent_run_id: The pipeline's MLflow run (from open_lineage); this stage's run nests under it.
     """
     from components.launcher.component_io import run_training_component
 

@@ -1,23 +1,151 @@
-"""The register component's work: a run holding the model artifact, and a registry version of it."""
+"""The registration gate's work: one registry version per candidate, tagged back to its pipeline run,
+with the aliases `candidate` (every registration) and `champion` (when it beats the champion).
+
+The model is logged once, here: `mlflow_model.write_mlflow_model` makes the candidate's exported
+directory an MLflow model in place, and the version's source is that directory (no second copy).
+The version's run is the candidate stage's MLflow run (nested under the pipeline's parent run), so
+the registry, the stage run, the parent run and the KFP run point at each other.
+
+Champion comparison: the headline metric (`reward`, else `rm_score`, the evaluation's mean score on
+held-out prompts) against the champion version's `metric.<headline>` tag. When the two were scored
+on different held-out prompts (their `dataset.eval_prompts.sha256` tags differ) the comparison is
+still made and the report says so.
+"""
 
 from __future__ import annotations
 
-import os
+import logging
+import time
+from dataclasses import dataclass, field
+
+from components.lineage.lineage import (
+    KIND_TAG,
+    PIPELINE_RUN_TAG,
+    PIPELINE_TAG,
+    dataset_hashes,
+    experiment_id,
+    tracking_client,
+)
+from components.register.mlflow_model import registry_source, write_mlflow_model
+
+logger = logging.getLogger(__name__)
+
+CANDIDATE, CHAMPION = "candidate", "champion"
+TASK_TAG = "alignflow.task"
 
 
-def register_directory(directory: str, name: str) -> str:
-    from mlflow import MlflowClient
+@dataclass(kw_only=True, slots=True)
+class Registration:
+    """What the gate did, for its report."""
+
+    name: str
+    version: str
+    headline: str
+    scores: dict[str, float]
+    is_champion: bool
+    previous_champion: dict | None = None
+    """The champion before this registration: version, its headline value, run id; None when there was none."""
+    same_eval_prompts: bool | None = None
+    """Whether candidate and previous champion were scored on the same held-out prompts (None: unknown)."""
+    stage_run_id: str = ""
+    parent_run_id: str = ""
+    experiment_id: str = ""
+    model_source: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def headline_metric(scores: dict[str, float]) -> str:
+    return "reward" if "reward" in scores else "rm_score"
+
+
+def find_stage_run(client, experiment: str, parent_run_id: str, stage: str) -> str | None:
+    """The newest run of `stage` nested under the pipeline's parent run."""
+    if not parent_run_id or not stage:
+        return None
+    runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
+                                            f"tags.`{TASK_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"],
+                              max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def _registration_run(client, experiment: str, parent_run_id: str, kfp_run_id: str) -> str:
+    """A `register` run nested under the parent, for a candidate whose stage run cannot be found."""
+    tags = {"mlflow.runName": "register", TASK_TAG: "register", KIND_TAG: "stage"}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    if kfp_run_id:
+        tags[PIPELINE_RUN_TAG] = kfp_run_id
+    run_id = client.create_run(experiment, tags=tags, run_name="register").info.run_id
+    client.set_terminated(run_id)
+    return run_id
+
+
+def _current_champion(client, name: str):
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
-    experiment = client.get_experiment_by_name("alignflow")
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment("alignflow")
-    run = client.create_run(experiment_id, run_name=f"register-{name}")
-    client.log_artifacts(run.info.run_id, directory, "model")
-    client.set_terminated(run.info.run_id)
     try:
-        client.create_registered_model(name)
+        return client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
-        pass  # registered before: add a version
-    version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
-    return str(version.version)
+        return None
+
+
+def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], stage: str = "",
+                       parent_run_id: str = "", kfp_run_id: str = "", pipeline: str = "") -> Registration:
+    """Register the candidate model at `model_uri` as a new version of `name` and move the aliases."""
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    client = tracking_client()
+    experiment = experiment_id(client)
+    write_mlflow_model(model_uri, name)
+    run_id = find_stage_run(client, experiment, parent_run_id, stage) or _registration_run(
+        client, experiment, parent_run_id, kfp_run_id)
+    try:
+        client.create_registered_model(name, description="Trained and gated by alignflow pipelines.")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    headline = headline_metric(scores)
+    eval_hashes = dataset_hashes(client, parent_run_id) if parent_run_id else {}
+    tags = {PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline, TASK_TAG: stage, "alignflow.parent_run_id":
+            parent_run_id, "alignflow.headline_metric": headline,
+            **{f"metric.{key}": repr(float(value)) for key, value in scores.items()},
+            **{f"dataset.{key}.sha256": value for key, value in eval_hashes.items()}}
+    tags = {key: value for key, value in tags.items() if value}
+    champion = _current_champion(client, name)
+    source = registry_source(model_uri.rstrip("/"))
+    version = client.create_model_version(name, source, run_id=run_id, tags=tags,
+                                          description=f"{pipeline or 'alignflow'} run {kfp_run_id}: {stage}")
+    client.set_registered_model_alias(name, CANDIDATE, version.version)
+    registration = Registration(name=name, version=str(version.version), headline=headline, scores=dict(scores),
+                                is_champion=True, stage_run_id=run_id, parent_run_id=parent_run_id,
+                                experiment_id=experiment, model_source=source, tags=tags)
+    if champion is not None:
+        previous = _float(champion.tags.get(f"metric.{headline}"))
+        registration.previous_champion = {"version": str(champion.version), "value": previous,
+                                          "run_id": champion.run_id,
+                                          "scores": {key[len("metric."):]: _float(value) for key, value in
+                                                     champion.tags.items() if key.startswith("metric.")}}
+        theirs = champion.tags.get("dataset.eval_prompts.sha256")
+        ours = tags.get("dataset.eval_prompts.sha256")
+        registration.same_eval_prompts = (theirs == ours) if theirs and ours else None
+        registration.is_champion = previous is None or float(scores[headline]) > previous
+    if registration.is_champion:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    client.set_model_version_tag(name, version.version, "alignflow.champion", str(registration.is_champion).lower())
+    for target in filter(None, {run_id, parent_run_id}):
+        client.set_tag(target, "alignflow.registered_model", f"{name}/{version.version}")
+        client.set_tag(target, "alignflow.model_uri", source)
+    if parent_run_id:
+        client.log_batch(parent_run_id, metrics=[Metric(f"evaluation/{key}", float(value), int(time.time() * 1000), 0)
+                                                 for key, value in scores.items()])
+        client.set_tag(parent_run_id, "alignflow.champion", str(registration.is_champion).lower())
+    logger.info("registered %s version %s (%s); champion: %s", name, version.version, source, registration.is_champion)
+    return registration
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,7 +1,7 @@
 """train_sft: supervised fine-tuning as a PyTorchJob."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import LAUNCHER_IMAGE
 
@@ -13,6 +13,7 @@ def train_sft(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    curves: Output[HTML],
     run_id: str,
     base_model_uri: str = "",
     lr: float = 1e-5,
@@ -26,6 +27,7 @@ def train_sft(
     gpus_per_node: int = 1,
     s3_secret: str = "",
     job_root: str = "",
+    parent_run_id: str = "",
 ):
     """Fine-tune a causal LM on chat or prompt/completion data (loss on completions only).
 
@@ -35,6 +37,7 @@ def train_sft(
         model: The fine-tuned HF model.
         metrics: Final training and evaluation metrics.
         report: Metrics, curves and the resolved config.
+        curves: Loss, reward, KL and learning-rate curves against step, as an HTML plot.
         run_id: The pipeline run id (names the job and keys its checkpoints).
         base_model_uri: The HF model to start from (local, s3:// or minio://), read in place by the job.
         lr: Peak learning rate of AdamW.
@@ -48,6 +51,7 @@ def train_sft(
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.
+        parent_run_id: The pipeline's MLflow run (from open_lineage); this stage's run nests under it.
     """
     from components.launcher.component_io import run_training_component
 

@@ -69,6 +69,8 @@ class MlflowTracker:
         from mlflow import MlflowClient
 
         self.config = config
+        self.task = run_name  # the stage: tagged `alignflow.task`, how the registration gate finds this run
+        self.parent_run_id = config.parent_run_id or env.parent_run_id
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.run_id = env.run_id or self._create_run(env, config.run_name or run_name)
         self._queue: list[Any] = []
@@ -90,8 +92,8 @@ class MlflowTracker:
             name = env.experiment_name or self.config.experiment_name
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        tags = {MLFLOW_RUN_NAME: run_name}
-        parent = self.config.parent_run_id or env.parent_run_id
+        tags = {MLFLOW_RUN_NAME: run_name, "alignflow.task": self.task, "alignflow.kind": "stage"}
+        parent = self.parent_run_id
         if parent:
             tags[MLFLOW_PARENT_RUN_ID] = parent
         pipeline_run = self.config.pipeline_run_id or env.pipeline_run_id
@@ -127,8 +129,12 @@ class MlflowTracker:
         self._enqueue([Metric(key, float(value), now, step) for key, value in metrics.items()])
 
     def log_model(self, directory: Path) -> None:
-        """Upload the exported HF directory as the `model` artifact; register it when configured."""
-        if not self.config.log_model:
+        """Upload the exported HF directory as the `model` artifact; register it when configured.
+
+        Not in a pipeline (a run nested under a parent): there the registration gate logs the model once,
+        as an MLflow model in place of the exported copy (components/register), not a copy per stage.
+        """
+        if not self.config.log_model or self.parent_run_id:
             return
         self.flush(timeout=self._wait_budget())
         if self._is_unreachable:

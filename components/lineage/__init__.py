@@ -1,0 +1,1 @@
+"""The lineage components: the pipeline run's MLflow parent run, opened first and closed last."""

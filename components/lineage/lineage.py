@@ -1,0 +1,168 @@
+"""The lineage components' work: hash the datasets, open (or find) the parent run, close it.
+
+MLflow is imported inside the functions (it costs seconds), from the MLflow client the launcher image
+carries. Tags every alignflow run shares: `alignflow.pipeline_run_id` (the KFP run id) and
+`alignflow.kind` (`pipeline` here; stage runs are nested under this one through `mlflow.parentRunId`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from trainer.errors import PipelineError, StorageError
+from trainer.storage import get_storage, is_remote
+
+logger = logging.getLogger(__name__)
+
+EXPERIMENT = "alignflow"
+KIND_TAG, PIPELINE_RUN_TAG = "alignflow.kind", "alignflow.pipeline_run_id"
+PIPELINE_TAG, VERSION_TAG = "alignflow.pipeline", "alignflow.pipeline_version"
+# KFP's final states (PipelineTaskFinalStatus.state) -> MLflow run status.
+FINAL_STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELED": "KILLED", "CANCELLED": "KILLED"}
+EVAL_NAMES = ("eval", "held_out")
+
+
+def tracking_client():
+    """An MlflowClient on MLFLOW_TRACKING_URI (MLflow's own default, `sqlite:///mlflow.db`, without one)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
+
+
+def experiment_id(client) -> str:
+    """The experiment stage runs use too: MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME, else `alignflow`."""
+    if os.environ.get("MLFLOW_EXPERIMENT_ID"):
+        return os.environ["MLFLOW_EXPERIMENT_ID"]
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def sha256_of(uri: str) -> tuple[str, int]:
+    """SHA-256 (hex) and size in bytes of the file at `uri`, read in 1 MiB blocks (a remote file is
+    downloaded to a temporary file first). Raises PipelineError naming the URI."""
+    try:
+        storage = get_storage(uri)
+        if not storage.exists(uri):
+            raise PipelineError(f"{uri}: dataset not found (expected a .jsonl or .parquet file)")
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(uri)
+            if is_remote(uri):
+                path = Path(scratch) / "data"
+                storage.download_file(uri, path)
+            digest, size = hashlib.sha256(), 0
+            with path.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+                    size += len(block)
+    except (StorageError, OSError) as err:
+        raise PipelineError(f"{uri}: cannot read the dataset to hash it: {err}") from err
+    return digest.hexdigest(), size
+
+
+def hash_datasets(datasets: dict[str, str], expected: dict[str, str]) -> dict[str, dict]:
+    """{name: {uri, sha256, bytes}} of the given (non-empty) dataset URIs, each checked against `expected`."""
+    hashed = {}
+    for name, uri in datasets.items():
+        if not uri:
+            continue
+        digest, size = sha256_of(uri)
+        want = expected.get(uri)
+        if want and want.lower() != digest:
+            raise PipelineError(f"{uri}: content SHA-256 is {digest}, but the dataset manifest expects {want}; the "
+                                f"data changed after the manifest was written (update the manifest, or restore the "
+                                f"data)")
+        hashed[name] = {"uri": uri, "sha256": digest, "bytes": size}
+    unknown = sorted(set(expected) - {entry["uri"] for entry in hashed.values()})
+    if unknown:
+        raise PipelineError(f"dataset_sha256 names {unknown}, which no dataset parameter of this run points at")
+    return hashed
+
+
+def _dataset_inputs(hashed: dict[str, dict]) -> list:
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = []
+    for name, entry in hashed.items():
+        uri = entry["uri"]
+        context = "eval" if any(word in name for word in EVAL_NAMES) else "train"
+        dataset = Dataset(name=name, digest=entry["sha256"][:32], source_type="s3" if is_remote(uri) else "local",
+                          source=json.dumps({"uri": uri}),
+                          profile=json.dumps({"sha256": entry["sha256"], "bytes": entry["bytes"]}))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+    return inputs
+
+
+def find_pipeline_run(client, experiment: str, kfp_run_id: str) -> str | None:
+    """The parent run an earlier attempt of this KFP run opened, if any."""
+    runs = client.search_runs([experiment], f"tags.`{PIPELINE_RUN_TAG}` = '{kfp_run_id}' and "
+                                            f"tags.`{KIND_TAG}` = 'pipeline'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def open_pipeline_run(*, pipeline: str, version: str, kfp_run_id: str, datasets: dict[str, str],
+                      expected: dict[str, str], base_model_uri: str = "") -> str:
+    """Check and hash the datasets, then open the parent run (or reuse a retried task's); return its id."""
+    hashed = hash_datasets(datasets, expected or {})  # fails before anything is written
+    client = tracking_client()
+    experiment = experiment_id(client)
+    run_id = find_pipeline_run(client, experiment, kfp_run_id)
+    if run_id is None:
+        tags = {KIND_TAG: "pipeline", PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline, VERSION_TAG: version,
+                "mlflow.runName": f"{pipeline} {kfp_run_id[:8]}"}
+        run_id = client.create_run(experiment, tags=tags, run_name=tags["mlflow.runName"]).info.run_id
+        from mlflow.entities import Param
+
+        params = [Param("pipeline", pipeline), Param("pipeline_version", version)]
+        if base_model_uri:
+            params.append(Param("base_model_uri", base_model_uri))
+        client.log_batch(run_id, params=params)
+        if hashed:
+            client.log_inputs(run_id, datasets=_dataset_inputs(hashed))
+        logger.info("opened MLflow run %s for %s run %s", run_id, pipeline, kfp_run_id)
+    else:
+        client.update_run(run_id, status="RUNNING")
+        logger.info("continuing MLflow run %s opened by an earlier attempt", run_id)
+    return run_id
+
+
+def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
+    """Delete the run's PyTorchJobs (labelled alignflow/run) in this pod's namespace, as `cleanup_jobs` does;
+    `local` mode has none (the local launcher stops its processes itself)."""
+    if launcher_mode != "kubernetes":
+        return []
+    from components.launcher.kubernetes import KubernetesLauncher
+    from components.launcher.stage_job import current_namespace, run_label
+
+    deleted = KubernetesLauncher().delete_run_jobs(current_namespace(), run_label(kfp_run_id))
+    logger.info("deleted %d PyTorchJob(s): %s", len(deleted), ", ".join(deleted) or "-")
+    return deleted
+
+
+def close_pipeline_run(kfp_run_id: str, kfp_state: str, error_message: str = "") -> str:
+    """Mark the KFP run's parent run with the MLflow status matching KFP's final state; returns that
+    status, or "" when the run never opened one (its first step failed)."""
+    status = FINAL_STATUS.get(str(kfp_state).upper(), "FAILED")
+    client = tracking_client()
+    run_id = find_pipeline_run(client, experiment_id(client), kfp_run_id)
+    if run_id is None:
+        logger.warning("no MLflow parent run is tagged with KFP run %s; nothing to close", kfp_run_id)
+        return ""
+    if error_message:
+        client.set_tag(run_id, "alignflow.error", error_message[:5000])
+    client.set_terminated(run_id, status=status)
+    return status
+
+
+def dataset_hashes(client, run_id: str) -> dict[str, str]:
+    """{dataset name: sha256} the parent run logged as inputs."""
+    hashes = {}
+    for dataset_input in client.get_run(run_id).inputs.dataset_inputs:
+        profile = json.loads(dataset_input.dataset.profile or "{}")
+        hashes[dataset_input.dataset.name] = profile.get("sha256", dataset_input.dataset.digest)
+    return hashes

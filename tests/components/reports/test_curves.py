@@ -1,0 +1,65 @@
+"""Stage curves as an HTML plot, and MLflow links that open in a browser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.reports.curves import curves, panel_of, stage_html
+from components.reports.links import mlflow_base_url, stage_run_link
+
+
+@pytest.mark.parametrize(("key", "panel"), [
+    ("loss", "loss"), ("eval/loss", "loss"), ("episode/reward_mean", "reward"), ("rewards/margins", "reward"),
+    ("eval/reward", "reward"), ("episode/kl_to_ref", "KL"), ("kl/approx", "KL"), ("lr", "learning rate"),
+    ("rewards/accuracies", None), ("episode/kl_coef", None), ("perf/tokens_per_second", None),
+])
+def test_each_metric_goes_on_its_panel(key, panel):
+    assert panel_of(key) == panel
+
+
+def test_curves_keep_keys_with_two_points_in_panel_order():
+    history = [{"step": 1, "loss": 2.0, "lr": 1e-3, "eval/loss": 2.1}, {"step": 2, "loss": 1.5, "lr": 5e-4},
+               {"step": 3, "loss": None, "episode/kl_to_ref": 0.1}, {"step": 4, "episode/kl_to_ref": 0.2}]
+    panels = curves(history)
+    assert list(panels) == ["loss", "KL", "learning rate"]  # eval/loss has one point only
+    assert panels["loss"] == {"loss": ([1, 2], [2.0, 1.5])}  # the null (non-finite) value is skipped
+    assert panels["KL"]["episode/kl_to_ref"] == ([3, 4], [0.1, 0.2])
+
+
+def test_stage_page_has_the_plot_final_metrics_and_an_external_mlflow_link(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
+    (tmp_path / "mlflow_run.json").write_text(json.dumps({"tracking_uri": "http://af-mlflow.ml:5000",
+                                                          "experiment_id": "4", "run_id": "abc", "link": ""}))
+    page = stage_html("sft", {"loss": 0.33, "eval/loss": 0.5}, str(tmp_path),
+                      environ={"ALIGNFLOW_MLFLOW_EXTERNAL_URL": "https://mlflow.corp/"})
+    assert "<img alt='curves' src='data:image/png;base64," in page
+    assert "<td>eval/loss</td><td>0.5</td>" in page
+    assert "href='https://mlflow.corp/#/experiments/4/runs/abc'" in page
+
+
+def test_a_stage_without_curves_says_so(tmp_path):
+    page = stage_html("rm", {}, str(tmp_path), environ={})
+    assert "No curves" in page and "<img" not in page
+
+
+@pytest.mark.parametrize(("tracking_uri", "environ", "base"), [
+    ("http://af-mlflow.ml:5000", {}, "http://af-mlflow.ml:5000"),
+    ("http://af-mlflow.ml:5000", {"ALIGNFLOW_MLFLOW_EXTERNAL_URL": "https://mlflow.corp"}, "https://mlflow.corp"),
+    ("sqlite:///mlflow.db", {}, ""),
+    ("https://user:pw@mlflow.corp", {}, "https://mlflow.corp"),
+])
+def test_links_prefer_the_external_url_and_never_carry_credentials(tracking_uri, environ, base):
+    assert mlflow_base_url(tracking_uri, environ) == base
+
+
+def test_stage_markdown_report_links_through_the_external_url(tmp_path, monkeypatch):
+    from components.launcher.stage_job import stage_report
+
+    monkeypatch.setenv("ALIGNFLOW_MLFLOW_EXTERNAL_URL", "https://mlflow.corp")
+    (tmp_path / "mlflow_run.json").write_text(json.dumps({"tracking_uri": "http://af-mlflow.ml:5000",
+                                                          "experiment_id": "4", "run_id": "abc",
+                                                          "link": "http://af-mlflow.ml:5000/#/experiments/4/runs/abc"}))
+    assert "MLflow run: [abc](https://mlflow.corp/#/experiments/4/runs/abc)" in stage_report("sft", {}, {}, str(tmp_path))
+    assert stage_run_link({"tracking_uri": "sqlite:///x.db", "experiment_id": "1", "run_id": "r", "link": ""}, {}) == ""
