@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
 
-.PHONY: test demo benchmark venv clean images
+.PHONY: test demo benchmark venv clean images test-colossalai
 
 venv: $(STAMP)
 
@@ -37,6 +37,24 @@ demo: venv
 
 benchmark: venv
 	$(PY) benchmarks/supervised.py
+
+# ColossalAI in its own virtualenv: it pins torch<=2.5.1 and transformers==4.51.3, which cannot share
+# .venv. PyPI's torch 2.5.1 is a CUDA build (with its nvidia-* wheels, about 5 GB on disk) that
+# runs on CPU. The tests train SFT and DPO through its TorchDDPPlugin on 2 gloo ranks.
+COLOSSALAI_VENV := .venv-colossalai
+COLOSSALAI_PY := $(COLOSSALAI_VENV)/bin/python
+COLOSSALAI_STAMP := $(COLOSSALAI_VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+$(COLOSSALAI_STAMP): pyproject.toml
+	test -x $(COLOSSALAI_PY) || $(PYTHON) -m venv $(COLOSSALAI_VENV)
+	$(COLOSSALAI_PY) -m pip install --quiet --upgrade pip
+	$(COLOSSALAI_PY) -m pip install --quiet torch==2.5.1 transformers==4.51.3 colossalai==0.5.0
+	$(COLOSSALAI_PY) -m pip install --quiet -e '.[colossalai,lora,s3,mlflow]' 'pytest>=8' 'pytest-timeout>=2.3'
+	rm -f $(COLOSSALAI_VENV)/.installed-*
+	touch $@
+
+test-colossalai: $(COLOSSALAI_STAMP)
+	$(COLOSSALAI_PY) -m pytest tests/colossalai -p no:cacheprovider
 
 # Builds both images with whatever builder this machine has (none can run on the CI machine).
 images:

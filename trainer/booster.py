@@ -7,7 +7,9 @@ booster. Plugins say where the process stands (world size, rank, device) and how
 - `SinglePlugin`: one process, CPU or one GPU.
 - `DDPPlugin`: `DistributedDataParallel`; gloo on CPU, nccl on GPU.
 - `FSDP2Plugin`: `torch.distributed.fsdp.fully_shard` per decoder layer and at the root.
-- `ColossalAIPlugin`: delegates to ColossalAI's `TorchDDPPlugin` (optional extra, see README).
+- `ColossalAIPlugin` (`trainer.colossalai_booster`, the `colossalai` extra): model, optimizer,
+  backward, step and checkpoints go through ColossalAI's own `Booster` and one of its plugins
+  (TorchDDP, LowLevelZero, Gemini, HybridParallel); `build_booster` picks its `ColossalAIBooster`.
 
 Checkpoints hold *full* (unsharded) state dicts in one file each, written by rank 0 and read by
 every rank, so a checkpoint written under one plugin or world size loads under another.
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,13 +36,22 @@ from torch.distributed.checkpoint.state_dict import (
 from trainer.errors import ConfigError
 from trainer.runtime import DistributedEnv
 
+if TYPE_CHECKING:
+    from trainer.config import ParallelConfig
+
 logger = logging.getLogger(__name__)
 
 _FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class Plugin:
-    """One process's place in the run and the way it wraps a model. Subclasses override `wrap_model`."""
+    """One process's place in the run and the way it wraps a model. Subclasses override `wrap_model`.
+
+    `world_size` and `rank` place this process among the *data-parallel* replicas (which samples
+    it sees); they are the process count and rank except under tensor parallelism.
+    """
+
+    booster_class: type[Booster]  # set below `Booster`: the booster that drives this plugin (`build_booster`)
 
     def __init__(self, env: DistributedEnv, device: torch.device) -> None:
         self.env = env
@@ -93,41 +105,42 @@ class FSDP2Plugin(Plugin):
         return model
 
 
-class ColossalAIPlugin(Plugin):
-    """ColossalAI's `TorchDDPPlugin` behind this interface (the one ColossalAI plugin that runs on CPU)."""
-
-    def __init__(self, env: DistributedEnv, device: torch.device) -> None:
-        super().__init__(env, device)
-        try:
-            from colossalai.booster import Booster as ColossalBooster
-            from colossalai.booster.plugin import TorchDDPPlugin
-        except ImportError as err:
-            raise ConfigError(
-                "parallel.plugin is 'colossalai' but colossalai is not installed; "
-                "install the `colossalai` extra (it pins torch<=2.5.1, see README)"
-            ) from err
-        self.colossal_booster = ColossalBooster(plugin=TorchDDPPlugin())
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        wrapped, *_ = self.colossal_booster.boost(model)
-        return wrapped
-
-
 PLUGINS: dict[str, type[Plugin]] = {
     "single": SinglePlugin,
     "ddp": DDPPlugin,
     "fsdp2": FSDP2Plugin,
-    "colossalai": ColossalAIPlugin,
 }
 
 
-def make_plugin(name: str, env: DistributedEnv, device: torch.device) -> Plugin:
-    """Build the plugin named by `parallel.plugin`; `auto` is ddp with several processes, else single."""
+def make_plugin(parallel: ParallelConfig, env: DistributedEnv, device: torch.device,
+                max_grad_norm: float = 0.0) -> Plugin:
+    """Build the plugin named by `parallel.plugin`; `auto` is ddp with several processes, else single.
+
+    Args:
+        parallel: The stage's `parallel` section.
+        env: This process's place in the run.
+        device: Where this process trains.
+        max_grad_norm: `optimizer.max_grad_norm`; ColossalAI's sharded plugins clip inside their
+            optimizer step, so they need it when they are built.
+
+    Returns:
+        The plugin; `colossalai` imports ColossalAI (`trainer.colossalai_booster`) only then.
+    """
+    name = parallel.plugin
     if name == "auto":
         name = "ddp" if env.is_distributed else "single"
     if name == "single" and env.is_distributed:
         raise ConfigError(f"parallel.plugin is 'single' but WORLD_SIZE is {env.world_size}; use ddp or fsdp2")
+    if name == "colossalai":
+        from trainer.colossalai_booster import ColossalAIPlugin
+
+        return ColossalAIPlugin(env, device, parallel.colossalai, max_grad_norm)
     return PLUGINS[name](env, device)
+
+
+def build_booster(plugin: Plugin, mixed_precision: str = "auto") -> Booster:
+    """The booster that drives `plugin`: `Booster`, or the plugin's own (ColossalAI's)."""
+    return plugin.booster_class(plugin, mixed_precision)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -170,6 +183,35 @@ class Booster:
         """Tie an optimizer built after `boost` to its model, for saving and loading its state."""
         self._model_of_optimizer[id(optimizer)] = model
 
+    def boost_with_optimizer(self, model: nn.Module, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+                             build_scheduler: Callable[[torch.optim.Optimizer], Any]) -> tuple[nn.Module, Any, Any]:
+        """Boost a model together with the optimizer and lr scheduler built for it.
+
+        The builders are called at the point the plugin needs: here after wrapping (FSDP2 replaces
+        the parameters), for ColossalAI before (its booster wraps model and optimizer together).
+
+        Returns:
+            (model, optimizer, scheduler), boosted.
+        """
+        model, *_ = self.boost(model)
+        optimizer = build_optimizer(model)
+        self.register_optimizer(model, optimizer)
+        return model, optimizer, build_scheduler(optimizer)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> torch.Tensor:
+        """Clip the global gradient norm to `max_grad_norm` (0: no clipping), then take the optimizer step
+        unless that norm is not finite.
+
+        Returns:
+            The global gradient norm before clipping, as a scalar tensor.
+        """
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm if max_grad_norm > 0 else float("inf"))
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if torch.isfinite(grad_norm):  # a NaN/inf norm skips the step (see `algorithms.update.train_step`)
+            optimizer.step()
+        return grad_norm
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -202,3 +244,6 @@ class Booster:
     def full_optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The unsharded optimizer state on CPU, keyed by parameter name (a collective)."""
         return get_optimizer_state_dict(self._model_of_optimizer[id(optimizer)], optimizer, options=_FULL_STATE)
+
+
+Plugin.booster_class = Booster

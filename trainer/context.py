@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer import preemption
-from trainer.booster import Booster, Plugin, make_plugin, unwrap_model
+from trainer.booster import Booster, Plugin, build_booster, make_plugin, unwrap_model
 from trainer.checkpoint import CheckpointManager, one_line
 from trainer.config import STAGE_CONFIGS, StageConfig, as_dict, dump_config
 from trainer.errors import AlignflowError, CheckpointError, ConfigError, TrainingError
@@ -118,8 +118,8 @@ def build_context(config: StageConfig) -> RunContext:
     if config.model.lora is not None and config.parallel.plugin == "fsdp2":
         raise ConfigError("model.lora with parallel.plugin 'fsdp2' is not supported; use ddp for LoRA")
     init_process_group(env, device)
-    plugin = make_plugin(config.parallel.plugin, env, device)
-    booster = Booster(plugin, config.train.mixed_precision)
+    plugin = make_plugin(config.parallel, env, device, max_grad_norm=config.optimizer.max_grad_norm)
+    booster = build_booster(plugin, config.train.mixed_precision)
     resume_from, manifest = run_on_main(env, lambda: _vet(config, booster))
     context = RunContext(config, env, plugin, booster, load_tokenizer(config.model.path), NullTracker(),
                          local_work_dir(config.output_dir), resume_from=resume_from, manifest=manifest)

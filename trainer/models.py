@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainer import value_heads
+from trainer.compat import dtype_keyword
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
 from trainer.value_heads import find_value_head
@@ -96,7 +97,7 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
     from transformers import AutoModelForCausalLM
 
     model = _from_pretrained(AutoModelForCausalLM.from_pretrained, _check_path(path or config.path, key), key,
-                             attn_implementation=config.attn_implementation, dtype=torch.float32)
+                             attn_implementation=config.attn_implementation, **dtype_keyword(torch.float32))
     return _apply_options(model, config)
 
 
@@ -116,7 +117,7 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
 
     directory = _check_path(path or config.path, key)
     backbone = _from_pretrained(AutoModel.from_pretrained, directory, key,
-                                attn_implementation=config.attn_implementation, dtype=torch.float32)
+                                attn_implementation=config.attn_implementation, **dtype_keyword(torch.float32))
     model = ValueHeadModel(backbone)
     head = find_value_head(directory, backbone.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
     if head is not None:

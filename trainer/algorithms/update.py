@@ -78,11 +78,7 @@ def train_step(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimi
     lr = optimizer.param_groups[0]["lr"]
     grad_norm = float("nan")
     if num_nonfinite_losses == 0:
-        parameters = [p for p in model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm if max_grad_norm > 0 else float("inf"))
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if math.isfinite(grad_norm):  # a NaN/inf norm skips the step
-            optimizer.step()
+        grad_norm = float(booster.step(model, optimizer, max_grad_norm))  # clips, then steps if the norm is finite
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     metrics.update(grad_norm=grad_norm, lr=lr, num_units=float(global_units),

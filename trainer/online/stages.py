@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from trainer.base import StopTraining
-from trainer.booster import Booster
+from trainer.booster import Booster, build_booster
 from trainer.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
 from trainer.context import (
@@ -50,10 +50,8 @@ def total_optimizer_steps(config: OnlineStageConfig, world_size: int) -> int:
 
 
 def boost_model_parts(booster: Booster, model: nn.Module, optimizer_config: OptimizerConfig, total_steps: int) -> ModelParts:
-    model, *_ = booster.boost(model)
-    optimizer = build_optimizer(model, optimizer_config)
-    booster.register_optimizer(model, optimizer)
-    return model, optimizer, build_scheduler(optimizer, optimizer_config, total_steps)
+    return booster.boost_with_optimizer(model, lambda model: build_optimizer(model, optimizer_config),
+                                        lambda optimizer: build_scheduler(optimizer, optimizer_config, total_steps))
 
 
 def load_critic_model(config: PPOConfig) -> nn.Module:
@@ -65,7 +63,7 @@ def load_critic_model(config: PPOConfig) -> nn.Module:
 def boost_critic(context: RunContext, critic_model: nn.Module, config: PPOConfig,
                  total_steps: int) -> tuple[Booster, ModelParts]:
     """The critic on its own booster, with its optimizer at `ppo.critic_lr`."""
-    booster = Booster(context.plugin, config.train.mixed_precision)
+    booster = build_booster(context.plugin, config.train.mixed_precision)
     optimizer_config = config.optimizer.model_copy(update={"lr": config.ppo.critic_lr})
     return booster, boost_model_parts(booster, critic_model, optimizer_config, total_steps)
 

@@ -149,12 +149,11 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         seed_everything(config.train.seed)
         parts = PREPARE[type(config)](config, context)
         open_outputs(context)
-        model, *_ = context.booster.boost(parts.model)
-        optimizer = build_optimizer(model, config.optimizer)
-        context.booster.register_optimizer(model, optimizer)
         train = config.train
-        steps = total_steps(train, len(parts.train_examples), context.env.world_size)
-        scheduler = build_scheduler(optimizer, config.optimizer, steps)
+        steps = total_steps(train, len(parts.train_examples), context.plugin.world_size)
+        model, optimizer, scheduler = context.booster.boost_with_optimizer(
+            parts.model, lambda model: build_optimizer(model, config.optimizer),
+            lambda optimizer: build_scheduler(optimizer, config.optimizer, steps))
         checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last)
         trainer = SupervisedTrainer(
             context.booster, train.max_epochs, model, optimizer, context.plugin, scheduler=scheduler,
