@@ -119,12 +119,15 @@ def test_upload_job_uploads_in_order_then_schedules_with_hostile_params_as_data(
     assert no_markers(tmp_path) == []
 
 
-def test_upgrade_uploads_new_versions_without_a_second_recurring_run():
+def test_upgrade_uploads_new_versions_and_replaces_the_recurring_run_by_name():
+    """`alignflow schedule` replaces a recurring run of the same name (tests/pipelines/test_remote.py), so an
+    upgrade updates the schedule without adding a second one."""
     documents = render({"retrain": {"enabled": True, "mode": "recurringRun"}}, upgrade_to=7)
     spec = one(documents, "Job")["spec"]["template"]["spec"]
     assert [c["args"][:2] for c in containers(spec)] == [["upload", "rlhf-ppo"], ["upload", "rlhf-dpo"],
-                                                          ["upload", "rlhf-grpo"]]
-    assert {c["args"][-1] for c in containers(spec)} == {"--version=0.1.0-7"}
+                                                          ["upload", "rlhf-grpo"], ["schedule", "rlhf-ppo"]]
+    assert {c["args"][-1] for c in containers(spec)[:3]} == {"--version=0.1.0-7"}
+    assert "--name=af-alignflow-retrain" in containers(spec)[-1]["args"]
 
 
 def test_the_stand_in_would_see_an_unescaped_secret_reference(tmp_path):

@@ -7,6 +7,30 @@ directly: no shell reads any value, each value is one argument.
 /var/run/secrets/kubeflow/pipelines
 {{- end }}
 
+{{- define "alignflow.retrainFilesDirectory" -}}
+/etc/alignflow/retrain
+{{- end }}
+
+{{/*
+Whether the retrain reads the repository's parameters file (and dataset manifest) from a ConfigMap.
+*/}}
+{{- define "alignflow.hasRetrainFiles" -}}
+{{- if and .Values.retrain.enabled .Values.retrain.paramsFile }}true{{ end }}
+{{- end }}
+
+{{/*
+What the retrain runs, as a JSON list of arguments: `--params-file=...` (the file names the pipeline) when
+retrain.paramsFile is set, else the pipeline's name.
+Usage: {{ include "alignflow.retrainTarget" . | fromJsonArray }}
+*/}}
+{{- define "alignflow.retrainTarget" -}}
+{{- if include "alignflow.hasRetrainFiles" . }}
+{{- list (printf "--params-file=%s/params.yaml" (include "alignflow.retrainFilesDirectory" .)) | toJson }}
+{{- else }}
+{{- list .Values.retrain.pipeline | toJson }}
+{{- end }}
+{{- end }}
+
 {{/*
 `--param=key=<JSON>` arguments of the retrain's pipeline parameters, as a JSON list (the CLI reads each
 value as JSON). Chart settings first; `retrain.params` override them.
@@ -25,6 +49,7 @@ Usage: {{ include "alignflow.retrainParamArgs" . | fromJsonArray }}
 One container of a job: `alignflow ARGS...` in the launcher image, with the defaults ConfigMap as its
 environment, S3 keys from the existing Secret, the KFP token when multi-user, and the extra env and mounts.
 Usage: {{ include "alignflow.jobContainer" (dict "name" "upload" "args" (list "upload" "rlhf-ppo") "root" $) | nindent 8 }}
+("retrainFiles" true in the dict mounts the retrain's parameters file, when there is one.)
 */}}
 {{- define "alignflow.jobContainer" -}}
 {{- $root := .root }}
@@ -51,11 +76,17 @@ Usage: {{ include "alignflow.jobContainer" (dict "name" "upload" "args" (list "u
     {{- include "alignflow.containerSecurityContext" $root | nindent 4 }}
   resources:
     {{- toYaml $values.jobResources | nindent 4 }}
-  {{- if or $values.kfp.multiUser.enabled $values.extraVolumeMounts }}
+  {{- $retrainFiles := and .retrainFiles (include "alignflow.hasRetrainFiles" $root) }}
+  {{- if or $values.kfp.multiUser.enabled $values.extraVolumeMounts $retrainFiles }}
   volumeMounts:
     {{- if $values.kfp.multiUser.enabled }}
     - name: kfp-token
       mountPath: {{ include "alignflow.kfpTokenDirectory" $root }}
+      readOnly: true
+    {{- end }}
+    {{- if $retrainFiles }}
+    - name: retrain-files
+      mountPath: {{ include "alignflow.retrainFilesDirectory" $root }}
       readOnly: true
     {{- end }}
     {{- with $values.extraVolumeMounts }}
@@ -103,7 +134,7 @@ serviceAccountName: {{ include "alignflow.serviceAccountName" . }}
 automountServiceAccountToken: false
 securityContext:
   {{- include "alignflow.podSecurityContext" . | nindent 2 }}
-{{- if or .Values.kfp.multiUser.enabled .Values.extraVolumes }}
+{{- if or .Values.kfp.multiUser.enabled .Values.extraVolumes (include "alignflow.hasRetrainFiles" .) }}
 volumes:
   {{- if .Values.kfp.multiUser.enabled }}
   - name: kfp-token
@@ -113,6 +144,11 @@ volumes:
             audience: {{ .Values.kfp.multiUser.tokenAudience | quote }}
             expirationSeconds: {{ .Values.kfp.multiUser.tokenExpirationSeconds }}
             path: token
+  {{- end }}
+  {{- if include "alignflow.hasRetrainFiles" . }}
+  - name: retrain-files
+    configMap:
+      name: {{ include "alignflow.fullname" . }}-retrain
   {{- end }}
   {{- with include "alignflow.extraVolumes" . }}
   {{- . | nindent 2 }}
