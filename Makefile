@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
 
-.PHONY: test demo benchmark venv clean images test-colossalai
+.PHONY: test demo benchmark venv clean images test-colossalai chaos
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ demo: venv
 
 benchmark: venv
 	$(PY) benchmarks/supervised.py
+
+# Kill sft, dpo, rm and grpo at random points (SIGKILL and SIGTERM), resume, and print a table of
+# kills tried / resumed bit-exact / steps lost (about 15 minutes on 2 cores). CHAOS_ARGS=--kills 8
+chaos: venv
+	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
 
 # ColossalAI in its own virtualenv: it pins torch<=2.5.1 and transformers==4.51.3, which cannot share
 # .venv. PyPI's torch 2.5.1 is a CUDA build (with its nvidia-* wheels, about 5 GB on disk) that

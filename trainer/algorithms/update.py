@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -80,7 +81,9 @@ def train_step(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimi
     if num_nonfinite_losses == 0:
         grad_norm = float(booster.step(model, optimizer, max_grad_norm))  # clips, then steps if the norm is finite
     optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
+    with warnings.catch_warnings():  # a skipped first step makes torch warn about the call order
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        scheduler.step()
     metrics.update(grad_norm=grad_norm, lr=lr, num_units=float(global_units),
                    nonfinite=float(num_nonfinite_losses > 0 or not math.isfinite(grad_norm)))
     return metrics
