@@ -113,7 +113,8 @@ def test_dpo_through_torch_ddp_plugin_agrees_across_ranks_and_with_one_process(t
     assert_states_close(rank0["state"], rank1["state"], rtol=0, atol=0)
     assert_states_close(rank0["state"], single, rtol=1e-3, atol=1e-4)  # 30 Adam steps of float drift
     curve = losses(tmp_path / "two")
-    assert len(curve) == 30 and sum(curve[-5:]) < 0.9 * sum(curve[:5]), curve
+    epochs = [sum(curve[i:i + 10]) / 10 for i in (0, 10, 20)]  # per-step DPO loss is noisy; epoch means fall
+    assert len(curve) == 30 and epochs[0] > epochs[1] > epochs[2] and epochs[2] < 0.95 * epochs[0], epochs
 
 
 def test_checkpoint_through_colossalai_saves_and_resumes_to_the_same_weights(tmp_path, tiny_model, task_files):
