@@ -36,10 +36,11 @@ CONDITION = ("412", "PreconditionFailed", "ConditionalRequestConflict")
 
 
 def split_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/key` -> (bucket, key)."""
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not bucket:
-        raise StorageError(f"{uri}: expected s3://bucket/key")
+    """`s3://bucket/key` (or KFP's `minio://bucket/key`) -> (bucket, key)."""
+    scheme, sep, rest = uri.partition("://")
+    bucket, _, key = rest.partition("/")
+    if not sep or scheme not in ("s3", "minio") or not bucket:
+        raise StorageError(f"{uri}: expected s3://bucket/key or minio://bucket/key")
     return bucket, key
 
 
@@ -185,11 +186,13 @@ class S3Storage:
     def list(self, prefix: str) -> list[str]:
         bucket, key = split_uri(prefix)
         key = key.rstrip("/") + "/" if key else ""
+        scheme = prefix.partition("://")[0]
 
         def list_all() -> list[str]:
             uris = []
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-                uris.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))
+                # Answers keep the caller's scheme (s3:// or minio://).
+                uris.extend(f"{scheme}://{bucket}/{item['Key']}" for item in page.get("Contents", []))
             return sorted(uris)
 
         return self._call(prefix, "list", list_all)
