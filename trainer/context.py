@@ -37,7 +37,14 @@ from trainer.jsonio import dumps
 from trainer.lease import Lease
 from trainer.models import export_model, load_tokenizer
 from trainer.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
-from trainer.runtime import DistributedEnv, all_reduce_sum, init_process_group, pick_device, read_distributed_env
+from trainer.runtime import (
+    DistributedEnv,
+    all_reduce_sum,
+    configure_threads,
+    init_process_group,
+    pick_device,
+    read_distributed_env,
+)
 from trainer.storage import get_storage, is_remote, join_uri
 from trainer.storage.local import local_path
 from trainer.storage.transfer import cache_root, upload_dir
@@ -118,6 +125,7 @@ def build_context(config: StageConfig) -> RunContext:
     if config.model.lora is not None and config.parallel.plugin == "fsdp2":
         raise ConfigError("model.lora with parallel.plugin 'fsdp2' is not supported; use ddp for LoRA")
     init_process_group(env, device)
+    configure_threads(config.train.num_threads)
     plugin = make_plugin(config.parallel, env, device, max_grad_norm=config.optimizer.max_grad_norm)
     booster = build_booster(plugin, config.train.mixed_precision)
     resume_from, manifest = run_on_main(env, lambda: _vet(config, booster))
@@ -299,8 +307,8 @@ def publish_run_files(context: RunContext, names: tuple[str, ...] = ("config.yam
 
 
 def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model",)) -> None:
-    """Copy the exported model(s) and the run's small files to a remote `output_dir`, and the model
-    to `export_dir` when one is set (rank 0)."""
+    """Copy the model to `export_dir` when one is set, else to a remote `output_dir`; other exported
+    models (a PPO critic) and the run's small files go to a remote `output_dir` (rank 0)."""
     if not context.env.is_main_process:
         return
     if context.config.export_dir:
@@ -308,7 +316,10 @@ def publish_outputs(context: RunContext, directories: tuple[str, ...] = ("model"
         logger.info("model exported to %s", context.config.export_dir)
     if not is_remote(context.output_uri):
         return
+    # With an export_dir the model is already there: one copy of the weights, not two.
+    exported = ("model",) if context.config.export_dir else ()
     for name in directories:
-        upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
+        if name not in exported:
+            upload_dir(context.output_dir / name, join_uri(context.output_uri, name))
     publish_run_files(context, RUN_FILES)
     logger.info("published outputs to %s", context.output_uri)

@@ -43,6 +43,7 @@ def test_config_on_s3_and_minio_inputs_train_and_export_to_minio(bucket, tiny_mo
     exported = [uri.rsplit("/", 1)[1] for uri in storage.list(f"s3://{bucket}/artifacts/model")]
     assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= set(exported)
     assert get_storage(f"minio://{bucket}").exists(f"minio://{bucket}/jobs/sft/final_metrics.json")
+    assert storage.list(f"s3://{bucket}/jobs/sft/model") == []  # one copy of the weights: the export
     from transformers import AutoModelForCausalLM
 
     local = tmp_path / "downloaded"
