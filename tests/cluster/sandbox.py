@@ -1,0 +1,130 @@
+"""A pod's filesystem on this machine: a private mount namespace with the paths a container would see.
+
+Each emulated pod (a KFP component pod or a PyTorchJob replica) runs in a new mount namespace whose
+root is a tmpfs holding bind mounts of this machine's top-level folders (so the same Python, venv
+and project are there, as in an image), except for the folders a pod owns: `/tmp` (mode 1777),
+`/home` (the image user's HOME), `/run` (where `/var/run/secrets/kubernetes.io/serviceaccount`
+lives), `/workspace` (its empty working directory, root-owned like an image's WORKDIR) and KFP's
+artifact mounts `/minio`, `/s3` and `/gcs` (world-writable, as KFP's emptyDir volumes). Those are
+the pod's own folders on the host, so the emulator can play the KFP launcher: download input
+artifacts into them before the container starts and upload outputs from them afterwards.
+`/etc/hosts` is the pod's own file too, so Service names (`<job>-master-0`) resolve. The command
+runs as the container's user (`setpriv`), e.g. uid 1000 as the alignflow images declare. Nothing a
+pod writes is visible to another.
+
+What it leaves out: the network namespace is the host's (pods reach loopback servers, and ports
+are shared), and there are no cgroups. It needs root, or an unprivileged user namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Folders each pod gets of its own; every other top-level entry of `/` is bound from this machine.
+POD_DIRS = ("tmp", "home", "root", "run", "workspace", "minio", "s3", "gcs")
+MODES = {"tmp": 0o1777, "home": 0o755, "root": 0o755, "run": 0o755, "workspace": 0o755, "minio": 0o777, "s3": 0o777,
+         "gcs": 0o777}
+# This machine's Python lives below /root (pyenv), which a pod does not share: bind just that prefix.
+INTERPRETER = sys.base_prefix if sys.base_prefix.startswith("/root/") else ""
+WORKDIR = "/workspace"
+SERVICE_ACCOUNT_DIR = "run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run
+
+# Runs inside the new mount namespace: build the root, then exec the container's command in it.
+_SETUP = r"""
+root=$1; pod=$2; shift 2
+mount -t tmpfs -o mode=755 pod-root "$root"
+for entry in /* /.dockerenv; do
+  [ -e "$entry" ] || [ -L "$entry" ] || continue
+  name=${entry#/}
+  case " $POD_DIRS " in *" $name "*) continue;; esac
+  if [ -L "$entry" ]; then ln -s "$(readlink "$entry")" "$root/$name"
+  elif [ -d "$entry" ]; then mkdir "$root/$name"; mount --rbind "$entry" "$root/$name"
+  else : > "$root/$name"; mount --bind "$entry" "$root/$name"; fi
+done
+for name in $POD_DIRS; do mkdir -p "$root/$name"; mount --bind "$pod/fs/$name" "$root/$name"; done
+mount --bind "$pod/hosts" "$root/etc/hosts"
+if [ -n "$INTERPRETER" ]; then mkdir -p "$root$INTERPRETER"; mount --rbind "$INTERPRETER" "$root$INTERPRETER"; fi
+if [ "$RUN_AS" = "0:0" ]; then exec chroot "$root" /usr/bin/env -i -C "$WORKDIR" "$@"; fi
+exec chroot "$root" setpriv --reuid "${RUN_AS%:*}" --regid "${RUN_AS#*:}" --clear-groups /usr/bin/env -i -C "$WORKDIR" "$@"
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot create mount namespaces (no root and no user namespaces)."""
+
+
+def _unshare_prefix() -> list[str]:
+    prefix = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        prefix.insert(1, "--map-root-user")
+    return prefix
+
+
+def check_available() -> None:
+    """Raise SandboxUnavailable (with the reason) unless pods can be sandboxed here."""
+    if shutil.which("unshare") is None or shutil.which("chroot") is None:
+        raise SandboxUnavailable("util-linux `unshare` and coreutils `chroot` are needed")
+    probe = subprocess.run([*_unshare_prefix(), "sh", "-c", "mount -t tmpfs probe /mnt"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        raise SandboxUnavailable(f"cannot create a mount namespace: {probe.stderr.strip()}")
+
+
+class PodFilesystem:
+    """The host-side folders of one pod, and the command line that runs a container in them."""
+
+    def __init__(self, base: Path, hosts: dict[str, str] | None = None) -> None:
+        self.base = base
+        self.uid, self.gid = 0, 0
+        for name in POD_DIRS:
+            (base / "fs" / name).mkdir(parents=True, exist_ok=True)
+            (base / "fs" / name).chmod(MODES[name])
+        (base / "mnt").mkdir(exist_ok=True)
+        lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in (hosts or {}).items())]
+        (base / "hosts").write_text("\n".join(lines) + "\n")
+
+    def host_path(self, pod_path: str) -> Path:
+        """Where a path inside the pod (one of the pod's own folders) is on this machine."""
+        relative = Path(pod_path).relative_to("/")
+        if relative.parts[:1] == ("var",) and relative.parts[1:2] == ("run",):
+            relative = Path("run", *relative.parts[2:])
+        if not relative.parts or relative.parts[0] not in POD_DIRS:
+            raise ValueError(f"{pod_path} is not in one of the pod's own folders {POD_DIRS}")
+        return self.base / "fs" / relative
+
+    def run_as(self, uid: int, gid: int, home: str) -> None:
+        """The container's user, and its HOME (created, owned by it)."""
+        self.uid, self.gid = uid, gid
+        self.make_owned(self.host_path(home))
+
+    def make_owned(self, path: Path) -> None:
+        """Create `path` (a folder in the pod's own folders) and hand it, and what is below, to the pod's user."""
+        path.mkdir(parents=True, exist_ok=True)
+        top = self.base / "fs"
+        for item in [path, *path.rglob("*")]:
+            os.chown(item, self.uid, self.gid)
+        for parent in path.parents:
+            if parent == top or top not in parent.parents:
+                break
+            if parent.parent != top:  # the pod's top-level folders keep their owner and mode
+                os.chown(parent, self.uid, self.gid)
+
+    def mount_service_account(self, namespace: str, token: str, ca_pem: bytes) -> None:
+        """What the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount."""
+        folder = self.base / "fs" / SERVICE_ACCOUNT_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "namespace").write_text(namespace)
+        (folder / "token").write_text(token)
+        (folder / "ca.crt").write_bytes(ca_pem)
+
+    def command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """(argv, env) for Popen: `argv` run in the pod's root with exactly `env`, from /workspace."""
+        assignments = [f"{key}={value}" for key, value in env.items()]
+        outer_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "POD_DIRS": " ".join(POD_DIRS), "WORKDIR": WORKDIR,
+                     "RUN_AS": f"{self.uid}:{self.gid}", "INTERPRETER": INTERPRETER}
+        return ([*_unshare_prefix(), "sh", "-ec", _SETUP, "pod-setup", str(self.base / "mnt"), str(self.base),
+                 *assignments, *argv], outer_env)

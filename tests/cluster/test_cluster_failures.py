@@ -1,0 +1,113 @@
+"""What a platform team meets on a real cluster, on the emulated one: each failure named where it happens.
+
+- a missing Secret or ConfigMap stops the first component pod (the kubelet's CreateContainerConfigError)
+  before any PyTorchJob exists;
+- a job whose pods cannot be scheduled (too few GPUs) is reported in the component's log with the
+  scheduler's reason, and cancelling the run (SIGTERM to the component) deletes the job;
+- a job deleted from outside fails its task at once, saying so;
+- an unreachable S3 endpoint fails the first task that needs it with an error naming the endpoint
+  (slow: the storage layer retries an outage for ALIGNFLOW_S3_RETRY_SECONDS, 300 s by default).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.cluster.conftest import NAMESPACE, chart_values, deployment, tiny_arguments
+from tests.cluster.training_operator import free_port
+
+SKIP = {"evaluate-model"}
+TRAINING = ("train-sft", "train-dpo")
+
+
+def created_jobs(cluster) -> list[dict]:
+    return [event.object for event in cluster.store.history if event.resource == "pytorchjobs" and event.type == "ADDED"]
+
+
+def first_failure(results):
+    return next(result for result in results.values() if result.state == "FAILED" and result.pod)
+
+
+@pytest.mark.parametrize("missing", ["secret", "config_map"])
+def test_missing_secret_or_config_map_fails_before_any_job(missing, sandbox, object_store, tracking_server,
+                                                           tiny_inputs, packages, tmp_path):
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server,
+                    **{missing: False}) as platform:
+        package = platform.package("rlhf-dpo")
+        results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, pending_limit=3).run()
+        failed = first_failure(results)
+        expected = 'secret "alignflow-s3" not found' if missing == "secret" else 'configmap "alignflow-defaults" not found'
+        assert "CreateContainerConfigError" in failed.error and expected in failed.error
+        assert all(name not in results or results[name].state != "SUCCEEDED" for name in TRAINING)
+        assert created_jobs(platform.cluster) == []
+        assert platform.cluster.api.calls("create", "pytorchjobs") == []
+
+
+def test_secret_outside_the_allow_list_fails_before_any_job(sandbox, object_store, tracking_server, tiny_inputs,
+                                                            packages, tmp_path):
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+        platform.cluster.create_namespace_objects(NAMESPACE, secrets_={"team-b-s3": {"AWS_ACCESS_KEY_ID": "b"}})
+        package = platform.package("rlhf-dpo")
+        arguments = tiny_arguments(package, tiny_inputs, s3_secret="team-b-s3")
+        results = platform.run("rlhf-dpo", arguments, skip=SKIP).run()
+        assert results["train-sft"].state == "FAILED"
+        assert "team-b-s3" in results["train-sft"].log
+        assert created_jobs(platform.cluster) == []
+
+
+def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox, object_store, tracking_server,
+                                                                        tiny_inputs, packages, tmp_path):
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+        cluster = platform.cluster
+        package = platform.package("rlhf-dpo")
+        # Two GPUs per node: the GPU node has one, the CPU node is not selected.
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP).start()
+        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        created = time.monotonic()
+        cluster.wait_for(lambda: "Insufficient nvidia.com/gpu" in run.pod_log("train-sft"), 60,
+                         "the component reports why the job's pod is Pending")
+        assert time.monotonic() - created < 60
+        log = run.pod_log("train-sft")
+        assert "didn't match Pod's node affinity/selector" in log  # the scheduler's full message
+        run.cancel()
+        results = run.join(timeout=60)
+        assert results["train-sft"].state == "FAILED"
+        cluster.wait_for(lambda: cluster.jobs() == [], 30, "the cancelled run's job is deleted")
+        assert cluster.api.calls("delete", "pytorchjobs"), "the component deleted its job when it was stopped"
+
+
+def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, tracking_server, tiny_inputs,
+                                                         packages, tmp_path):
+    from kubernetes import client
+
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+        cluster = platform.cluster
+        package = platform.package("rlhf-dpo")
+        long_sft = {**tiny_arguments(package, tiny_inputs)["sft_settings"], "train.max_steps": 100000}
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, sft_epochs=1000, sft_settings=long_sft),
+                           skip=SKIP).start()
+        job = cluster.wait_for(lambda: next((j for j in cluster.jobs() if j.get("status", {}).get("conditions")
+                                             and j["status"]["conditions"][-1]["type"] == "Running"), None),
+                               240, "the SFT job runs")
+        client.CustomObjectsApi(cluster.client()).delete_namespaced_custom_object(
+            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job["metadata"]["name"])  # kubectl delete pytorchjob
+        deleted = time.monotonic()
+        results = run.join(timeout=120)
+        assert results["train-sft"].state == "FAILED"
+        assert time.monotonic() - deleted < 45, "the task noticed the deletion late"
+        assert "deleted" in results["train-sft"].log.lower()
+        assert results["train-dpo"].state != "SUCCEEDED"
+
+
+@pytest.mark.slow
+def test_unreachable_s3_endpoint_is_named(sandbox, object_store, tracking_server, tiny_inputs, packages, tmp_path):
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    values = chart_values(unreachable, tracking_server)
+    with deployment(tmp_path, packages, object_store, values=values) as platform:
+        package = platform.package("rlhf-dpo")
+        results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, task_timeout=900).run()
+        failed = first_failure(results)
+        assert unreachable in failed.log
+        assert created_jobs(platform.cluster) == []
