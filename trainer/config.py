@@ -97,6 +97,11 @@ class RunLoopConfig(Section):
         "auto", description="bf16 autocast; `auto` uses it on CUDA devices that support it and fp32 elsewhere."
     )
     log_interval: int = Field(10, gt=0, description="Log metrics every this many optimizer steps.")
+    num_threads: int | None = Field(
+        None, gt=0, description="torch intra-op threads per process. null (the default) shares the CPUs the process "
+        "may use (its CPU affinity, capped by the cgroup quota in /sys/fs/cgroup/cpu.max, i.e. a pod's CPU limit) "
+        "equally among the ranks on its node. The value used is logged at start.",
+    )
 
 
 class TrainConfig(RunLoopConfig):

@@ -10,11 +10,14 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from trainer.redact import install_log_redaction
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,63 @@ def read_tracking_env(environ: dict[str, str] | None = None) -> TrackingEnv:
         parent_run_id=environ.get("ALIGNFLOW_PARENT_RUN_ID") or None,
         pipeline_run_id=environ.get("ALIGNFLOW_PIPELINE_RUN_ID") or None,
     )
+
+
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "<quota> <period>" in microseconds, or "max <period>"
+CGROUP_V1_QUOTA = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"  # cgroup v1: -1 when unlimited
+
+
+def cgroup_cpu_quota(cpu_max: str = CGROUP_CPU_MAX, v1_quota: str = CGROUP_V1_QUOTA) -> float | None:
+    """CPUs the process's cgroup may use (quota / period, e.g. 1.5), or None when no quota is set.
+
+    A Kubernetes CPU limit becomes this quota; the node's CPU count and the process's affinity do not
+    see it, which is why torch's default thread count oversubscribes a limited pod.
+    """
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1: quota and period in two files
+        quota = int(Path(v1_quota).read_text())
+        period = int((Path(v1_quota).parent / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def available_cpus(cpu_max: str = CGROUP_CPU_MAX, v1_quota: str = CGROUP_V1_QUOTA) -> int:
+    """CPUs this process may run on: its affinity set, capped by the cgroup quota (rounded down, at least 1)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cpu_max, v1_quota)
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota)))
+    return cpus
+
+
+def configure_threads(requested: int | None, environ: dict[str, str] | None = None, *,
+                      cpu_max: str = CGROUP_CPU_MAX, v1_quota: str = CGROUP_V1_QUOTA) -> int:
+    """Set torch's intra-op thread count and log it; returns the count.
+
+    Args:
+        requested: `train.num_threads`; None shares the CPUs this process may use (`available_cpus`)
+            equally among the ranks torchrun started on this node (LOCAL_WORLD_SIZE).
+        environ: The environment to read LOCAL_WORLD_SIZE from (default: os.environ).
+        cpu_max: The cgroup v2 `cpu.max` file.
+        v1_quota: The cgroup v1 `cpu.cfs_quota_us` file (read when `cpu_max` is absent).
+    """
+    environ = os.environ if environ is None else environ
+    if requested is not None:
+        threads, reason = requested, "train.num_threads"
+    else:
+        cpus, local_ranks = available_cpus(cpu_max, v1_quota), max(1, int(environ.get("LOCAL_WORLD_SIZE", 1)))
+        quota = cgroup_cpu_quota(cpu_max, v1_quota)
+        threads = max(1, cpus // local_ranks)
+        reason = (f"{cpus} CPUs available (cgroup quota {'none' if quota is None else f'{quota:g}'}) "
+                  f"shared by {local_ranks} rank(s) on this node")
+    torch.set_num_threads(threads)
+    logger.info("torch intra-op threads: %d (%s)", threads, reason)
+    return threads
 
 
 def pick_device(env: DistributedEnv) -> torch.device:
