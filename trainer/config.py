@@ -108,6 +108,12 @@ class TrainConfig(RunLoopConfig):
     max_epochs: int = Field(1, gt=0, description="Passes over the training data.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps; null runs all epochs.")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    group_by_length: bool = Field(
+        True, description="Batch samples of similar length together, which removes most padding: each epoch's "
+        "shuffled order is cut into windows of 64 global batches, each window sorted by length and cut into "
+        "batches, and the batches shuffled. Every sample is still seen once per epoch, and resuming repeats the "
+        "order exactly. false keeps a plain shuffle.",
+    )
     max_nonfinite_steps: int = Field(
         10, ge=0, description="Optimizer steps in a row that may be skipped for a non-finite (NaN/inf) loss or "
         "gradient norm before the run fails; each skipped step is counted in `train/nonfinite_skipped`. "
@@ -263,7 +269,8 @@ class SupervisedStageConfig(StageConfig):
 class SFTOptions(Section):
     packing: bool | None = Field(
         None, validate_default=True,
-        description="Concatenate each micro-batch into one padding-free row; samples never attend to each other. "
+        description="Pack each micro-batch into padding-free rows of whole samples, each row at most as long as its "
+        "longest sample (attention is quadratic in the row); samples never attend to each other. "
         "Needs transformers>=4.56; null (the default) packs where the installed transformers can and pads "
         "elsewhere (the ColossalAI variant); true with an older transformers is an error.",
     )

@@ -36,3 +36,30 @@ def test_optimizer_skips_weight_decay_on_biases_and_frozen_parameters():
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, weight_decay=0.1))
     decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
     assert decays == {id(model[0].weight): 0.1, id(model[0].bias): 0.0}
+
+
+def test_adamw_runs_fused_on_plain_parameters_and_matches_the_per_parameter_loop():
+    torch.manual_seed(0)
+    fused_model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    loop_model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    loop_model.load_state_dict(fused_model.state_dict())
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1)
+    fused = build_optimizer(fused_model, config)
+    loop = torch.optim.AdamW([{"params": [p for p in loop_model.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+                              {"params": [p for p in loop_model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=1e-2, foreach=False)
+    assert fused.defaults["fused"] is True
+    inputs = torch.randn(16, 4)
+    for _ in range(3):
+        for model, optimizer in ((fused_model, fused), (loop_model, loop)):
+            optimizer.zero_grad()
+            model(inputs).square().mean().backward()
+            optimizer.step()
+    for left, right in zip(fused_model.parameters(), loop_model.parameters()):
+        torch.testing.assert_close(left, right, rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_falls_back_to_foreach_where_no_fused_kernel_applies():
+    model = torch.nn.Linear(3, 3).to(torch.float64)  # fused AdamW takes float32/16 and bfloat16 only
+    optimizer = build_optimizer(model, OptimizerConfig())
+    assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from trainer.data.tokenize import IGNORE_INDEX
 
@@ -59,3 +59,38 @@ def sequence_logps(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     """Summed log-prob of each sequence's labelled tokens. Returns (B,) sums and (B,) token counts."""
     logps, mask = token_logps(logits, labels)
     return logps.sum(-1), mask.sum(-1)
+
+
+def first_scored_position(labels: Tensor) -> int:
+    """The first position whose logits a next-token loss reads: the logit at t scores `labels[:, t+1]`.
+
+    Args:
+        labels: (B, T) token ids, -100 where no loss is taken.
+
+    Returns:
+        The smallest t (over the batch) with a label at t+1; T-1 when no position carries one.
+    """
+    scored = (labels[:, 1:] != IGNORE_INDEX).any(0)  # (T-1,)
+    positions = scored.nonzero()
+    return int(positions[0]) if len(positions) else labels.shape[1] - 1
+
+
+def scored_logits(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Logits of a causal LM over the positions a next-token loss reads, and the labels aligned with them.
+
+    The prompt positions before the batch's first label are run through the model but not through its
+    output projection (`logits_to_keep`): with a large vocabulary those (B, T, V) logits are the biggest
+    tensor of a step. `token_logps(*scored_logits(...))` equals `token_logps(model(**inputs).logits, labels)`.
+
+    Args:
+        model: A Hugging Face causal LM (or a wrapper that passes keyword arguments through).
+        inputs: Its inputs (input_ids and attention_mask or position_ids), each (B, T).
+        labels: (B, T), -100 where no loss is taken.
+
+    Returns:
+        logits: (B, T - s, V) for the positions s.. (s = `first_scored_position(labels)`);
+        labels: (B, T - s), `labels[:, s:]`.
+    """
+    start = first_scored_position(labels)
+    keep = {"logits_to_keep": labels.shape[1] - start} if start > 0 else {}
+    return model(**inputs, use_cache=False, **keep).logits, labels[:, start:]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, sequence_logps
+from trainer.algorithms.common import LossOutput, scored_logits, sequence_logps
 
 
 def sigmoid_preference_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float,
@@ -76,13 +76,10 @@ class DPOObjective:
         if self.ref_model is None or not self.needs_reference:
             return torch.zeros(batch["input_ids"].shape[0], device=batch["input_ids"].device)
         with torch.no_grad():
-            logits = self.ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                    use_cache=False).logits
-            return sequence_logps(logits, batch["labels"])[0]
+            return sequence_logps(*scored_logits(self.ref_model, _inputs(batch), batch["labels"]))[0]
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        logps, num_tokens = sequence_logps(logits, batch["labels"])  # (2B,), (2B,)
+        logps, num_tokens = sequence_logps(*scored_logits(model, _inputs(batch), batch["labels"]))  # (2B,), (2B,)
         chosen_logps, rejected_logps = logps.chunk(2)  # (B,) each
         if self.loss_type == "simpo":
             chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)
@@ -110,3 +107,8 @@ class DPOObjective:
             "logps/rejected": rejected_logps.detach().sum(),
         }
         return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)
+
+
+def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The model inputs of a stacked chosen/rejected batch."""
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, token_logps
+from trainer.algorithms.common import LossOutput, scored_logits, token_logps
 from trainer.data.tokenize import IGNORE_INDEX
 
 
@@ -36,6 +36,6 @@ class SFTObjective:
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
-        logits = model(**inputs, use_cache=False).logits  # (B, T, V)
-        total, count = sft_token_loss(logits, batch["labels"])
+        logits, labels = scored_logits(model, inputs, batch["labels"])  # (B, T', V), (B, T'): prompt-only head cut
+        total, count = sft_token_loss(logits, labels)
         return LossOutput(total=total, count=count, stats={"loss": total.detach()})

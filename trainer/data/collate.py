@@ -1,10 +1,14 @@
 """Batching: padding-free packing for SFT, right padding for everything else.
 
-Packing concatenates a micro-batch into one row of shape (1, sum of lengths) with position ids
-that restart at 0 for each sample and no attention mask. Hugging Face models read restarting
-position ids as separate sequences and build a block-diagonal causal mask (`masking_utils`), so no
-sample attends to another; `tests/trainer/data/test_collate.py` checks that packed and padded
-losses agree.
+Packing puts a micro-batch's samples into rows of whole samples (best fit, longest first), each row
+at most as long as the micro-batch's longest sample, with position ids that restart at 0 for each
+sample and no attention mask. Hugging Face models read restarting position ids as separate
+sequences and build a block-diagonal causal mask (`masking_utils.find_packed_sequence_indices`), so
+no sample attends to another; `tests/trainer/data/test_collate.py` checks that packed and padded
+losses agree. Rows are bounded because attention is quadratic in the row: one row holding the whole
+micro-batch (8 samples of 64-256 tokens) made packed SFT about 25% slower than padded SFT on CPU.
+Rows shorter than the longest are filled with a pad segment that restarts its own positions, so it
+is a sequence of its own that no sample sees, and it carries no labels.
 """
 
 from __future__ import annotations
@@ -14,18 +18,56 @@ import torch
 from trainer.data.tokenize import IGNORE_INDEX
 
 
-def pack_sft(examples: list[dict]) -> dict[str, torch.Tensor]:
-    """Concatenate examples into one row: input_ids, labels, position_ids, each (1, N); num_samples."""
+def example_length(example: dict) -> int:
+    """Tokens a sample adds to a batch's width: its sequence, or the longer of a preference pair's two."""
+    if "input_ids" in example:
+        return len(example["input_ids"])
+    return max(len(example["chosen_input_ids"]), len(example["rejected_input_ids"]))
+
+
+def _best_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into rows of at most `capacity` tokens (best-fit decreasing)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = [row for row in range(len(rows)) if room[row] >= lengths[index]]
+        if fits:
+            row = min(fits, key=lambda r: room[r])  # the tightest fit
+            rows[row].append(index)
+            room[row] -= lengths[index]
+        else:
+            rows.append([index])
+            room.append(capacity - lengths[index])
+    return rows
+
+
+def pack_sft(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pack examples into rows of whole samples.
+
+    Returns:
+        input_ids, labels, position_ids: (R, L), R <= len(examples) rows of L tokens, L the longest
+        sample; num_samples; num_tokens (real tokens, without the pad segments).
+    """
+    lengths = [len(example["input_ids"]) for example in examples]
+    width = max(lengths)
     input_ids, labels, position_ids = [], [], []
-    for example in examples:
-        input_ids.extend(example["input_ids"])
-        # The first token of a sample is never a target (nothing precedes it); masking it keeps the
-        # previous sample's last position from being trained to predict it.
-        labels.extend([IGNORE_INDEX] + example["labels"][1:])
-        position_ids.extend(range(len(example["input_ids"])))
-    as_row = lambda values: torch.tensor([values], dtype=torch.long)  # noqa: E731
-    return {"input_ids": as_row(input_ids), "labels": as_row(labels), "position_ids": as_row(position_ids),
-            "num_samples": len(examples)}
+    for row in _best_fit_rows(lengths, width):
+        ids, targets, positions = [], [], []
+        for index in row:
+            example = examples[index]
+            ids.extend(example["input_ids"])
+            # The first token of a sample is never a target (nothing precedes it); masking it keeps the
+            # previous sample's last position from being trained to predict it.
+            targets.extend([IGNORE_INDEX] + example["labels"][1:])
+            positions.extend(range(len(example["input_ids"])))
+        fill = width - len(ids)
+        input_ids.append(ids + [pad_token_id] * fill)
+        labels.append(targets + [IGNORE_INDEX] * fill)
+        positions.extend(range(fill))  # the pad segment is a sequence of its own
+        position_ids.append(positions)
+    as_rows = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+    return {"input_ids": as_rows(input_ids), "labels": as_rows(labels), "position_ids": as_rows(position_ids),
+            "num_samples": len(examples), "num_tokens": sum(lengths)}
 
 
 def _pad(rows: list[list[int]], value: int, length: int) -> torch.Tensor:

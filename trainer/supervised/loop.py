@@ -30,6 +30,7 @@ from trainer.base import SLTrainer, StopTraining
 from trainer.booster import Booster, Plugin
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import StageConfig, TrainConfig
+from trainer.data.collate import example_length
 from trainer.data.sampler import ResumableSampler
 from trainer.errors import CheckpointError
 from trainer.runtime import all_reduce_sum
@@ -50,7 +51,9 @@ def steps_per_epoch(num_samples: int, world_size: int, micro_batch_size: int, ac
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Real (non-pad) tokens of a batch: packed rows have no padding at all."""
+    """Real (non-pad) tokens of a batch: the count packing records, else the attention mask's ones."""
+    if "num_tokens" in batch:
+        return int(batch["num_tokens"])
     mask = batch.get("attention_mask")
     return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
@@ -100,8 +103,10 @@ class SupervisedTrainer(SLTrainer):
 
     def _before_fit(self) -> None:
         world, rank = self.plugin.world_size, self.plugin.rank
-        self.train_sampler = ResumableSampler(len(self.train_examples), world, rank, shuffle=True,
-                                              seed=self.config.train.seed)
+        train = self.config.train
+        lengths = [example_length(example) for example in self.train_examples] if train.group_by_length else None
+        self.train_sampler = ResumableSampler(len(self.train_examples), world, rank, shuffle=True, seed=train.seed,
+                                              lengths=lengths, batch_size=train.micro_batch_size)
         self.train_loader = self._loader(self.train_examples, self.train_sampler)
         self.eval_loader = None
         if self.eval_examples:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.algorithms.common import sequence_logps
+from trainer.algorithms.common import scored_logits, sequence_logps
 from trainer.algorithms.dpo import DPOObjective
 from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
@@ -71,7 +71,7 @@ def _load_split(loader: Callable, path: str | None, context: RunContext) -> list
 
 def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     pad_id = context.tokenizer.pad_token_id
-    collate = pack_sft if config.sft.packing else functools.partial(pad_sft, pad_token_id=pad_id)
+    collate = functools.partial(pack_sft if config.sft.packing else pad_sft, pad_token_id=pad_id)
     # Data first: a bad row should fail before a large model spends time loading.
     train = _load_split(load_sft_dataset, config.data.train_path, context)
     evaluation = _load_split(load_sft_dataset, config.data.eval_path, context)
@@ -114,8 +114,8 @@ def _attach_reference_logps(reference: nn.Module, examples: list[dict], collate:
     for start in range(0, len(mine), batch_size):
         indices = mine[start:start + batch_size]
         batch = to_device(collate([examples[i] for i in indices]), context.plugin.device)
-        logits = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        chosen, rejected = sequence_logps(logits, batch["labels"])[0].chunk(2)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        chosen, rejected = sequence_logps(*scored_logits(reference, inputs, batch["labels"]))[0].chunk(2)
         scores[0, indices], scores[1, indices] = chosen.double(), rejected.double()
     all_reduce_sum(scores)
     for index, example in enumerate(examples):
@@ -171,4 +171,3 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         return StageResult(metrics, model)
     finally:
         close_context(context)
-

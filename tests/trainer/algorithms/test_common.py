@@ -96,3 +96,20 @@ def test_masked_mean_with_an_all_zero_mask_divides_by_one_instead_of_zero():
     torch.testing.assert_close(masked_mean(values, torch.zeros_like(mask)), torch.tensor(0.0))
     # per row: row 0 is 0 / 1 = 0, row 1 is (5 + 7) / 2 = 6.
     torch.testing.assert_close(masked_mean(values, mask, dim=-1), torch.tensor([0.0, 6.0]))
+
+
+def test_scored_logits_cut_the_unscored_prompt_head_and_keep_the_loss():
+    from trainer.algorithms.common import first_scored_position, scored_logits, sequence_logps
+    from trainer.tiny.model import build_tiny_llama
+
+    # Row 0 is scored from label 4 on, row 1 from label 3 on: the logit at 2 is the first one read.
+    labels = torch.tensor([[-100, -100, -100, -100, 7, 8, 9], [-100, -100, -100, 5, 6, -100, -100]])
+    assert first_scored_position(labels) == 2
+    assert first_scored_position(torch.full((2, 4), -100)) == 3
+    model = build_tiny_llama(20).eval()
+    inputs = {"input_ids": torch.randint(3, 20, (2, 7)), "attention_mask": torch.tensor([[1] * 7, [1] * 5 + [0] * 2])}
+    with torch.no_grad():
+        logits, kept = scored_logits(model, inputs, labels)
+        full = model(**inputs, use_cache=False).logits
+    assert logits.shape == (2, 5, 20) and torch.equal(kept, labels[:, 2:])
+    torch.testing.assert_close(sequence_logps(logits, kept)[0], sequence_logps(full, labels)[0])

@@ -27,14 +27,50 @@ def test_packed_and_padded_losses_match(tiny_model, task_files):
     torch.testing.assert_close(packed.total, sum(o.total for o in one_by_one), rtol=1e-5, atol=1e-5)
 
 
-def test_packed_row_has_restarting_positions_and_no_cross_sample_target(tiny_model, task_files):
-    tokenizer = load_tokenizer(str(tiny_model))
-    examples = load_sft_dataset(str(task_files["sft_train"]), tokenizer, 32, False).examples[:3]
-    batch = pack_sft(examples)
-    lengths = [len(e["input_ids"]) for e in examples]
-    starts = [0, lengths[0], lengths[0] + lengths[1]]
-    assert batch["input_ids"].shape == (1, sum(lengths))
-    assert [batch["position_ids"][0, s].item() for s in starts] == [0, 0, 0]
-    # The first token of each sample is never a target of the token before it.
-    assert all(batch["labels"][0, s].item() == -100 for s in starts)
+def make_example(length: int, first_token: int) -> dict:
+    """A sample of `length` tokens numbered from `first_token`, every token but the first a label."""
+    ids = list(range(first_token, first_token + length))
+    return {"input_ids": ids, "labels": [-100] + ids[1:]}
+
+
+def test_packing_fills_rows_no_longer_than_the_longest_sample():
+    # Lengths 6, 2, 3, 4, 1: rows of at most 6 tokens, best fit longest first -> [6], [4, 2], [3, 1] + 2 pad.
+    examples = [make_example(n, 100 * i) for i, n in enumerate([6, 2, 3, 4, 1])]
+    batch = pack_sft(examples, pad_token_id=0)
+    assert batch["input_ids"].shape == (3, 6)
+    assert batch["input_ids"].tolist() == [
+        [0, 1, 2, 3, 4, 5],                # the 6-token sample alone
+        [300, 301, 302, 303, 100, 101],    # 4 + 2
+        [200, 201, 202, 400, 0, 0],        # 3 + 1, then a 2-token pad segment
+    ]
+    # Positions restart at every sample and at the pad segment, so each is a sequence of its own.
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 0, 1]]
+    # A sample's first token is never a target, and the pad segment carries no labels.
+    assert batch["labels"].tolist()[2] == [-100, 201, 202, -100, -100, -100]
+    assert batch["num_tokens"] == 16 and batch["num_samples"] == 5
     assert "attention_mask" not in batch
+
+
+def test_packing_keeps_every_token_of_every_sample_once(tiny_model, task_files):
+    tokenizer = load_tokenizer(str(tiny_model))
+    examples = load_sft_dataset(str(task_files["sft_train"]), tokenizer, 32, False).examples[:9]
+    batch = pack_sft(examples, pad_token_id=tokenizer.pad_token_id)
+    real = batch["labels"] != -100
+    expected = sum(sum(label != -100 for label in e["labels"][1:]) for e in examples)
+    assert int(real.sum()) == expected
+    assert batch["input_ids"].shape[1] == max(len(e["input_ids"]) for e in examples)
+    assert batch["num_tokens"] == sum(len(e["input_ids"]) for e in examples)
+
+
+def test_packed_rows_do_not_attend_across_samples(tiny_model):
+    # Lengths 5, 3, 2 pack into rows [5] and [3, 2]: the 2-token sample's logits there equal its logits alone.
+    tokenizer = load_tokenizer(str(tiny_model))
+    torch.manual_seed(0)
+    model = build_tiny_llama(len(tokenizer), pad_token_id=tokenizer.pad_token_id).eval()
+    examples = [make_example(5, 10), make_example(3, 20), make_example(2, 30)]
+    packed = pack_sft(examples, pad_token_id=tokenizer.pad_token_id)
+    assert packed["input_ids"].tolist()[1] == [20, 21, 22, 30, 31]
+    with torch.no_grad():
+        together = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
+        alone = model(input_ids=torch.tensor([[30, 31]]), use_cache=False).logits
+    torch.testing.assert_close(together[1, 3:], alone[0], rtol=1e-5, atol=1e-5)
