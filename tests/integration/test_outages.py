@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import stage_dict
 from tests.integration.fault_proxy import FaultProxy
-from tests.integration.trainer_process import TrainerProcess, error_lines, write_config
+from tests.integration.trainer_process import TrainerProcess, error_lines, run_trainer, write_config
 from trainer.storage import get_storage
 from trainer.storage.s3 import S3Storage
 
@@ -98,3 +98,9 @@ def test_sigterm_with_s3_output_checkpoints_and_publishes_metrics(bucket, tmp_pa
     stopped_at = int(storage.read_bytes(f"{output}/checkpoints/latest").decode().removeprefix("step-"))
     history = [json.loads(line) for line in storage.read_bytes(f"{output}/metrics.jsonl").decode().splitlines()]
     assert stopped_at >= 5 and [r["step"] for r in history if "loss" in r] == list(range(1, stopped_at + 1))
+
+    # The rerun on another machine (an empty cache) continues the published history: merged, not replaced.
+    code, stderr = run_trainer("sft", config, env={"ALIGNFLOW_CACHE_DIR": str(tmp_path / "other-machine")})
+    assert code == 0, stderr[-3000:]
+    history = [json.loads(line) for line in storage.read_bytes(f"{output}/metrics.jsonl").decode().splitlines()]
+    assert [r["step"] for r in history if "loss" in r] == list(range(1, 41))

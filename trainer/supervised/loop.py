@@ -219,6 +219,7 @@ class SupervisedTrainer(SLTrainer):
                 self.checkpoints.wait()  # let a background save finish; the error in flight is the one to report
             raise
         finally:
-            self.progress.close()
+            if getattr(self, "progress", None) is not None:  # absent when `_before_fit` failed
+                self.progress.close()
         self.checkpoints.wait()  # the final checkpoint is complete (or its failure raised) before fit returns
         self.nonfinite.check_end(self.global_step)
