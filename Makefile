@@ -35,8 +35,18 @@ demo: venv
 	$(VENV)/bin/alignflow run rlhf-dpo --root $(DEMO_DIR)
 	$(VENV)/bin/alignflow run rlhf-grpo --root $(DEMO_DIR)
 
-benchmark: venv
-	$(PY) benchmarks/supervised.py
+# alignflow and TRL side by side on one synthetic workload (benchmarks/README.md; one epoch of every
+# stage, 3 repeats: over an hour on 2 busy cores). TRL (the `bench` extra) installs into .venv beside
+# torch 2.13 and transformers: `pip install --dry-run` shows it pulls no other torch.
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	rm -f $(VENV)/.bench-*
+	touch $@
+
+benchmark: venv $(BENCH_STAMP)
+	$(PY) benchmarks/side_by_side.py $(BENCHMARK_ARGS)
 
 # Kill sft, dpo, rm and grpo at random points (SIGKILL and SIGTERM), resume, and print a table of
 # kills tried / resumed bit-exact / steps lost (about 15 minutes on 2 cores). CHAOS_ARGS=--kills 8

@@ -1,0 +1,495 @@
+"""alignflow and TRL side by side on one synthetic workload, stage by stage.
+
+    python benchmarks/side_by_side.py                    # or: make benchmark (about 25 minutes on 2 cores)
+    python benchmarks/side_by_side.py --stages sft_padded,dpo_live --repeats 1
+    python benchmarks/side_by_side.py --json results.json
+
+The script writes the workload (a 3.2M-parameter Llama with a character tokenizer, SFT rows,
+preference pairs, GRPO prompts) into a temporary directory, then trains every stage with alignflow
+and with TRL, each run in its own interpreter (this script re-invoked with the hidden `--run-one`)
+with 2 intra-op threads in fp32. Runs are interleaved (stage by stage, the two systems in
+alternating order) and repeated; the summary prints medians and alignflow/TRL ratios, because on a
+shared machine absolute figures drift between runs while ratios of neighbouring runs hold.
+
+What is counted (the same rules for both systems; benchmarks/README.md states them in full):
+
+- step time: from the moment a step's batch is ready to the end of its optimizer step (alignflow's
+  `perf/step_time`; a `TrainerCallback` from `on_step_begin` to `on_step_end` in TRL). Imports,
+  model loading, tokenisation, reference precomputation, logging and saving are outside it; they
+  are in `wall s`, the child's whole run.
+- real tokens: tokens the trained model's forward pass sees that are not padding (attention-mask
+  ones; every token of a padding-free packed row), summed over the run and divided by the summed
+  step time. Reference-model forwards are not counted as tokens (they are work, not throughput).
+- samples: SFT rows, preference pairs (RM, DPO), completions (GRPO).
+- peak RSS: `ru_maxrss` of the child at its end (imports, model, data, optimizer, everything).
+- loss: the mean of the last 8 logged step losses.
+
+Not measured here: PPO (TRL 1.16 has no PPO trainer), evaluation, more than one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# -- the workload --------------------------------------------------------------------------------
+HIDDEN_SIZE = 256  # Llama: 4 layers x 256 hidden, MLP 768, 4 heads (2 kv heads): 3.2M parameters
+NUM_LAYERS = 4
+INTERMEDIATE_SIZE = 768
+SFT_ROWS = 512
+SFT_TOKENS = (64, 256)  # total tokens of a row (prompt + completion + EOS), uniform
+PROMPT_CHARS = (16, 64)  # one token per character
+PREFERENCE_PAIRS = 256
+RESPONSE_CHARS = (32, 192)  # chosen and rejected, each drawn on its own
+GRPO_PROMPTS = 64  # addition prompts "a+b=" rewarded by the exact answer (trainer.tiny.task)
+GRPO_GENERATIONS = 4
+GRPO_PROMPTS_PER_STEP = 2
+GRPO_NEW_TOKENS = 32
+MAX_LENGTH = 512  # no row is truncated; TRL's packed SFT fills bins of this many tokens
+BATCH_SIZE = 8  # rows (SFT), pairs (RM, DPO) or completions (GRPO) per optimizer step; no accumulation
+LR = 1e-4  # constant schedule, no warm-up, AdamW (0.9, 0.999), eps 1e-8, no weight decay, clip 1.0
+DPO_BETA = 0.1
+NUM_THREADS = 2
+SEED = 0
+LOSS_TAIL = 8  # steps whose losses are averaged into `loss`
+
+STAGES = ("sft_padded", "sft_packed", "rm", "dpo_live", "dpo_precomputed", "grpo")
+SYSTEMS = ("alignflow", "trl")
+WORDS = ["the", "model", "learns", "to", "answer", "short", "questions", "about", "numbers", "and", "words",
+         "while", "a", "reference", "keeps", "it", "close", "policy", "reward", "token", "sequence", "batch"]
+
+
+# -- writing the workload ------------------------------------------------------------------------
+
+
+def _text(rng: random.Random, num_chars: int) -> str:
+    """Lowercase words (and the odd digit) of exactly `num_chars` characters."""
+    out = ""
+    while len(out) < num_chars:
+        out += rng.choice(WORDS) + rng.choice([" ", " ", " ", ", ", f" {rng.randint(0, 99)} "])
+    return out[:num_chars]
+
+
+def write_workload(directory: Path) -> dict[str, Path]:
+    """The model directory and data files every run reads; identical for both systems."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.tiny.model import build_tokenizer
+    from trainer.tiny.task import problems, write_jsonl
+
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=INTERMEDIATE_SIZE,
+                         num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=MAX_LENGTH, tie_word_embeddings=False,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(SEED)
+    model_dir = directory / "model"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    rng = random.Random(SEED)
+    sft = []
+    for _ in range(SFT_ROWS):
+        total = rng.randint(*SFT_TOKENS)
+        prompt_chars = rng.randint(*PROMPT_CHARS)
+        sft.append({"prompt": _text(rng, prompt_chars), "completion": _text(rng, total - prompt_chars - 1)})
+    pairs = [{"prompt": _text(rng, rng.randint(*PROMPT_CHARS)), "chosen": _text(rng, rng.randint(*RESPONSE_CHARS)),
+              "rejected": _text(rng, rng.randint(*RESPONSE_CHARS))} for _ in range(PREFERENCE_PAIRS)]
+    prompts = [{"prompt": prompt, "answer": answer} for prompt, answer in problems()[:GRPO_PROMPTS]]
+    return {"model": model_dir, "sft": write_jsonl(sft, directory / "sft.jsonl"),
+            "preference": write_jsonl(pairs, directory / "preference.jsonl"),
+            "prompts": write_jsonl(prompts, directory / "prompts.jsonl")}
+
+
+# -- child: alignflow ------------------------------------------------------------------------------
+
+
+def alignflow_config(stage: str, files: dict[str, Path], output_dir: Path,
+                     max_steps: int | None = None) -> tuple[str, dict]:
+    """(alignflow stage, raw config) of one measured run; `max_steps` cuts the epoch short."""
+    common = {
+        "output_dir": str(output_dir),
+        "model": {"path": str(files["model"])},
+        "optimizer": {"lr": LR, "scheduler": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
+        "checkpoint": {"keep_last": 1, "save_interval": 0},
+        "tracking": {"backend": "none"},
+    }
+    train = {"micro_batch_size": BATCH_SIZE, "seed": SEED, "log_interval": 1, "mixed_precision": "no",
+             "num_threads": NUM_THREADS}
+    if stage == "grpo":
+        episodes = min(GRPO_PROMPTS // GRPO_PROMPTS_PER_STEP, max_steps or GRPO_PROMPTS)
+        return "grpo", {**common, "data": {"train_path": str(files["prompts"])}, "train": train,
+                        "generation": {"max_new_tokens": GRPO_NEW_TOKENS, "temperature": 1.0},
+                        "reward": {"function": "tiny_addition"},
+                        "grpo": {"num_episodes": episodes, "rollout_batch_size": GRPO_PROMPTS_PER_STEP,
+                                 "num_generations": GRPO_GENERATIONS, "mini_batch_size": BATCH_SIZE, "beta": 0.0}}
+    data = {"train_path": str(files["sft" if stage.startswith("sft") else "preference"]), "max_length": MAX_LENGTH}
+    config = {**common, "data": data, "train": {**train, "max_epochs": 1, "max_steps": max_steps}}
+    if stage.startswith("sft"):
+        return "sft", {**config, "sft": {"packing": stage == "sft_packed"}}
+    if stage == "rm":
+        return "rm", config
+    return "dpo", {**config, "dpo": {"beta": DPO_BETA, "precompute_ref_log_probs": stage == "dpo_precomputed"}}
+
+
+def run_alignflow(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int | None,
+                  overrides: list[str] = ()) -> dict:
+    """Train one stage through alignflow's own entry points; read the figures back from metrics.jsonl."""
+    from trainer.config import build_config
+
+    kind, raw = alignflow_config(stage, files, output_dir, max_steps)
+    for override in overrides:  # --set section.key=value, for ablations (e.g. train.group_by_length=false)
+        key, _, value = override.partition("=")
+        *sections, leaf = key.split(".")
+        target = raw
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[leaf] = json.loads(value)
+    config = build_config(kind, raw)
+    episode_seconds: list[float] = []
+    if kind == "grpo":
+        from trainer.base import OLTrainer
+        from trainer.online.stages import run_online_stage
+
+        original = OLTrainer._episode_ctx
+
+        @contextlib.contextmanager
+        def timed_episode(self, episode):  # an episode = one GRPO step: rollout, scoring and the update
+            started = time.perf_counter()
+            with original(self, episode):
+                yield
+            episode_seconds.append(time.perf_counter() - started)
+
+        OLTrainer._episode_ctx = timed_episode  # this child process only: it exists to run one measured stage
+        run_online_stage(config)
+    else:
+        from trainer.supervised.stages import run_stage
+
+        run_stage(config)
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in rows if "loss" in row]
+    if kind == "grpo":
+        lengths = [row["episode/response_length"] for row in rows if "episode/response_length" in row]
+        completions = GRPO_PROMPTS_PER_STEP * GRPO_GENERATIONS * len(episode_seconds)
+        return {"seconds": sum(episode_seconds), "steps": len(episode_seconds), "samples": completions,
+                "tokens": completions * statistics.fmean(lengths), "losses": losses}
+    steps = [row for row in rows if "perf/step_time" in row]
+    return {"seconds": sum(row["perf/step_time"] for row in steps), "steps": len(steps),
+            "samples": sum(row["perf/samples_per_second"] * row["perf/step_time"] for row in steps),
+            "tokens": sum(row["perf/tokens_per_second"] * row["perf/step_time"] for row in steps), "losses": losses}
+
+
+# -- child: TRL ----------------------------------------------------------------------------------
+
+
+class ForwardCounter:
+    """Counts the real tokens and the rows (or packed samples) the trained model's forward passes see."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.samples = 0
+
+    def __call__(self, module, args, kwargs) -> None:
+        if not module.training:
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+        self.tokens += int(mask.sum()) if mask is not None else input_ids.numel()
+        # A padding-free packed row holds one sample per position id 0.
+        self.samples += int((positions == 0).sum()) if mask is None and positions is not None else input_ids.shape[0]
+
+
+def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int | None) -> dict:
+    """Train one stage with TRL's trainer for it, configured as alignflow is (fp32, same optimiser and schedule)."""
+    import datasets
+    import trl
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+
+    datasets.disable_progress_bars()
+    tokenizer = AutoTokenizer.from_pretrained(files["model"])
+    common = dict(output_dir=str(output_dir), per_device_train_batch_size=BATCH_SIZE, num_train_epochs=1,
+                  learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                  logging_steps=1, save_strategy="no", report_to="none", bf16=False, fp16=False,
+                  gradient_checkpointing=False, use_cpu=True, seed=SEED, data_seed=SEED, dataloader_num_workers=0,
+                  disable_tqdm=True, max_steps=max_steps or -1)
+    counter = ForwardCounter()
+    step_seconds: list[float] = []
+    step_tokens: list[int] = []
+    step_samples: list[int] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            counter.tokens = counter.samples = 0
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step_seconds.append(time.perf_counter() - self.started)
+            step_tokens.append(counter.tokens)
+            step_samples.append(counter.samples)
+
+    if stage == "rm":
+        model = AutoModelForSequenceClassification.from_pretrained(files["model"], num_labels=1)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(files["model"])
+    model.register_forward_pre_hook(counter, with_kwargs=True)
+    if stage.startswith("sft"):
+        # TRL packs into bins of max_length tokens, 8 bins a step; bins of the longest row (256) keep its steps
+        # near alignflow's 8 rows without truncating any row.
+        packed = stage == "sft_packed"
+        args = trl.SFTConfig(**common, max_length=SFT_TOKENS[1] if packed else MAX_LENGTH, packing=packed)
+        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=_dataset(files["sft"]),
+                                 processing_class=tokenizer, callbacks=[StepTimer()])
+    elif stage == "rm":
+        args = trl.RewardConfig(**common, max_length=MAX_LENGTH)
+        trainer = trl.RewardTrainer(model=model, args=args, train_dataset=_dataset(files["preference"]),
+                                    processing_class=tokenizer, callbacks=[StepTimer()])
+    elif stage.startswith("dpo"):
+        args = trl.DPOConfig(**common, max_length=MAX_LENGTH, beta=DPO_BETA,
+                             precompute_ref_log_probs=stage == "dpo_precomputed")
+        trainer = trl.DPOTrainer(model=model, args=args, train_dataset=_dataset(files["preference"]),
+                                 processing_class=tokenizer, callbacks=[StepTimer()])
+    else:
+        from trainer.tiny.task import check_answer
+
+        def addition(prompts, completions, answer, **_):  # TRL's batched reward-function form
+            return [check_answer(completion, expected) for completion, expected in zip(completions, answer)]
+
+        args = trl.GRPOConfig(**common, num_generations=GRPO_GENERATIONS, max_completion_length=GRPO_NEW_TOKENS,
+                              temperature=1.0, beta=0.0)
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=[addition], args=args,
+                                  train_dataset=_dataset(files["prompts"]), processing_class=tokenizer,
+                                  callbacks=[StepTimer()])
+    trainer.train()
+    history = trainer.state.log_history
+    losses = [row["loss"] for row in history if "loss" in row]
+    if stage == "grpo":
+        lengths = [row["completions/mean_length"] for row in history if "completions/mean_length" in row]
+        completions = BATCH_SIZE * len(step_seconds)
+        return {"seconds": sum(step_seconds), "steps": len(step_seconds), "samples": completions,
+                "tokens": completions * statistics.fmean(lengths), "losses": losses}
+    pairs = 2 if stage in ("rm", "dpo_live", "dpo_precomputed") else 1  # chosen and rejected rows of a pair
+    return {"seconds": sum(step_seconds), "steps": len(step_seconds), "samples": sum(step_samples) / pairs,
+            "tokens": sum(step_tokens), "losses": losses}
+
+
+def _dataset(path: Path):
+    import datasets
+
+    return datasets.load_dataset("json", data_files=str(path), split="train")
+
+
+def run_one(spec_path: Path) -> None:
+    """Child: train one (system, stage) and write its figures, peak RSS included, to the spec's result file."""
+    import torch
+
+    _quiet_libraries()
+    torch.set_num_threads(NUM_THREADS)
+    spec = json.loads(spec_path.read_text())
+    files = {key: Path(value) for key, value in spec["files"].items()}
+    if spec["system"] == "alignflow":
+        result = run_alignflow(spec["stage"], files, Path(spec["output_dir"]), spec["max_steps"],
+                               spec.get("overrides", []))
+    else:
+        result = run_trl(spec["stage"], files, Path(spec["output_dir"]), spec["max_steps"])
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    result["torch_threads"] = torch.get_num_threads()
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def _quiet_libraries() -> None:
+    import warnings
+
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("trainer").setLevel(logging.WARNING)
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+    warnings.filterwarnings("ignore")
+
+
+# -- parent: interleave, repeat, summarise ---------------------------------------------------------
+
+
+def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_index: int,
+           max_steps: int | None, overrides: list[str] = ()) -> dict:
+    """One measured run in a fresh interpreter with 2 threads; returns its figures and its wall time."""
+    name = f"{run_index:03d}-{system}-{stage}"
+    spec = {"system": system, "stage": stage, "files": {k: str(v) for k, v in files.items()},
+            "output_dir": str(work_dir / "runs" / name), "result": str(work_dir / f"{name}.result.json"),
+            "max_steps": max_steps, "overrides": list(overrides)}
+    spec_path = work_dir / f"{name}.json"
+    spec_path.write_text(json.dumps(spec))
+    threads = str(NUM_THREADS)
+    # PASSIVE: an OpenMP thread that waits sleeps instead of spinning. On a machine whose cores other work
+    # also uses, spinning threads wait for each other's time slices and 2 threads ran 10x slower than 1;
+    # passive waiting costs nothing measurable when the cores are free. Both systems get the same setting.
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
+           "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "CUDA_VISIBLE_DEVICES": "", "WANDB_DISABLED": "true"}
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)],
+                               env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if completed.returncode != 0:
+        sys.exit(f"benchmark: {system} {stage} failed with exit status {completed.returncode}:\n"
+                 + completed.stdout[-4000:])
+    result = json.loads(Path(spec["result"]).read_text())
+    result["wall_seconds"] = time.perf_counter() - started
+    return result
+
+
+def figures(result: dict) -> dict[str, float]:
+    """Throughput and the other columns of one run."""
+    return {"tokens_per_second": result["tokens"] / result["seconds"],
+            "samples_per_second": result["samples"] / result["seconds"], "peak_rss_mb": result["peak_rss_mb"],
+            "loss": statistics.fmean(result["losses"][-LOSS_TAIL:]), "wall_seconds": result["wall_seconds"],
+            "steps": result["steps"], "tokens": result["tokens"]}
+
+
+def medians(runs: list[dict]) -> dict[str, float]:
+    keys = runs[0].keys()
+    return {key: statistics.median(run[key] for run in runs) for key in keys}
+
+
+def summarise(results: dict[tuple[str, str], list[dict]], stages: list[str]) -> list[dict]:
+    """Per stage: medians of each system and the alignflow/TRL ratios (of medians)."""
+    rows = []
+    for stage in stages:
+        mine, theirs = medians(results[("alignflow", stage)]), medians(results[("trl", stage)])
+        rows.append({"stage": stage, "alignflow": mine, "trl": theirs,
+                     "tokens_ratio": mine["tokens_per_second"] / theirs["tokens_per_second"],
+                     "samples_ratio": mine["samples_per_second"] / theirs["samples_per_second"],
+                     "rss_ratio": mine["peak_rss_mb"] / theirs["peak_rss_mb"]})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ["stage", "af tok/s", "trl tok/s", "tok x", "af smp/s", "trl smp/s", "smp x", "af RSS MB",
+              "trl RSS MB", "RSS x", "af loss", "trl loss", "af steps", "trl steps", "af wall s", "trl wall s"]
+    cells = [header]
+    for row in rows:
+        a, t = row["alignflow"], row["trl"]
+        cells.append([row["stage"], f"{a['tokens_per_second']:.0f}", f"{t['tokens_per_second']:.0f}",
+                      f"{row['tokens_ratio']:.2f}", f"{a['samples_per_second']:.1f}", f"{t['samples_per_second']:.1f}",
+                      f"{row['samples_ratio']:.2f}", f"{a['peak_rss_mb']:.0f}", f"{t['peak_rss_mb']:.0f}",
+                      f"{row['rss_ratio']:.2f}", f"{a['loss']:.4f}", f"{t['loss']:.4f}", f"{a['steps']:.0f}",
+                      f"{t['steps']:.0f}", f"{a['wall_seconds']:.1f}", f"{t['wall_seconds']:.1f}"])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
+    return "\n".join([lines[0], "  ".join("-" * width for width in widths), *lines[1:]])
+
+
+def check_targets(rows: list[dict]) -> list[str]:
+    """The issue's targets, each with the measured figure and met/missed."""
+    by_stage = {row["stage"]: row for row in rows}
+    checks = []
+
+    def check(label: str, value: float, target: float, at_most: bool = False) -> None:
+        met = value <= target if at_most else value >= target
+        checks.append(f"{'met   ' if met else 'MISSED'} {label}: {value:.2f} ({'<=' if at_most else '>='} {target})")
+
+    for stage in ("sft_padded", "sft_packed", "rm", "dpo_live"):
+        if stage in by_stage:
+            check(f"{stage} real tokens/s vs TRL", by_stage[stage]["tokens_ratio"], 1.5)
+    if "dpo_precomputed" in by_stage and "dpo_live" in by_stage:
+        ratio = (by_stage["dpo_precomputed"]["alignflow"]["tokens_per_second"]
+                 / by_stage["dpo_live"]["trl"]["tokens_per_second"])
+        check("dpo precomputed reference vs TRL's live-reference DPO, tokens/s", ratio, 2.0)
+    if "grpo" in by_stage:
+        check("grpo completions/s vs TRL", by_stage["grpo"]["samples_ratio"], 1.5)
+    for row in rows:
+        check(f"{row['stage']} peak RSS vs TRL", row["rss_ratio"], 0.8, at_most=True)
+    if "sft_padded" in by_stage and "sft_packed" in by_stage:
+        ratio = (by_stage["sft_packed"]["alignflow"]["tokens_per_second"]
+                 / by_stage["sft_padded"]["alignflow"]["tokens_per_second"])
+        check("alignflow packed SFT vs its padded SFT, tokens/s", ratio, 1.0)
+    return checks
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"Comma-separated subset of {','.join(STAGES)}.")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="alignflow,trl or one of them.")
+    parser.add_argument("--repeats", type=int, default=3, help="Runs of each (system, stage); medians are reported.")
+    parser.add_argument("--max-steps", type=int, help="Cut every run to this many optimizer steps (GRPO: episodes); "
+                        "default: one epoch of the workload.")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="Override an alignflow config key in every alignflow run, e.g. train.group_by_length=false.")
+    parser.add_argument("--json", type=Path, help="Also write every run's figures and the summary here.")
+    parser.add_argument("--keep", type=Path, help="Write the workload and runs here and keep them.")
+    parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not args.stages or set(args.stages) - set(STAGES):
+        parser.error(f"--stages {args.stages}: expected a subset of {','.join(STAGES)}")
+    if not args.systems or set(args.systems) - set(SYSTEMS):
+        parser.error(f"--systems {args.systems}: expected a subset of {','.join(SYSTEMS)}")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.run_one is not None:
+        run_one(args.run_one)
+        return
+    if "trl" in args.systems:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            sys.exit("benchmark: TRL is not installed; `make benchmark` installs the `bench` extra")
+    _quiet_libraries()
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            work_dir = args.keep
+            work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alignflow-side-by-side-")))
+        files = write_workload(work_dir / "workload")
+        results: dict[tuple[str, str], list[dict]] = {(s, t): [] for s in args.systems for t in args.stages}
+        run_index = 0
+        for repeat in range(args.repeats):
+            for stage in args.stages:
+                # Alternate which system goes first, so neither always runs on a machine the other just warmed.
+                order = args.systems if (repeat + STAGES.index(stage)) % 2 == 0 else args.systems[::-1]
+                for system in order:
+                    run_index += 1
+                    result = figures(launch(system, stage, files, work_dir, run_index, args.max_steps, args.set))
+                    results[(system, stage)].append(result)
+                    print(f"[{repeat + 1}/{args.repeats}] {stage:>15} {system:>9}: "
+                          f"{result['tokens_per_second']:8.0f} tok/s  {result['samples_per_second']:7.1f} samples/s  "
+                          f"{result['peak_rss_mb']:5.0f} MB  loss {result['loss']:.4f}  "
+                          f"({result['wall_seconds']:.0f} s)", flush=True)
+    print(f"\nmodel: Llama {NUM_LAYERS}x{HIDDEN_SIZE} (MLP {INTERMEDIATE_SIZE}), char tokenizer; batch {BATCH_SIZE}; "
+          f"fp32; {NUM_THREADS} threads; steps {args.max_steps or 'one epoch'}; medians of {args.repeats}; "
+          "x = alignflow / TRL")
+    summary = []
+    if len(args.systems) == 2:
+        summary = summarise(results, args.stages)
+        print(format_table(summary))
+        print("\n".join(check_targets(summary)))
+    if args.json is not None:
+        runs = [{"system": s, "stage": t, "runs": v} for (s, t), v in results.items()]
+        args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
