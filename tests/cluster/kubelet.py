@@ -205,6 +205,7 @@ class Kubelet:
         if code is None:
             return
         runtime.reader.join(timeout=5)
+        code = 128 - code if code < 0 else code  # killed by a signal: 128 + signal, as a container runtime reports
         hooks = self.hooks.get(key)
         if hooks and hooks.after_exit:
             code = hooks.after_exit(runtime.fs, runtime.log, code)

@@ -5,7 +5,8 @@ root is a tmpfs holding bind mounts of this machine's top-level folders (so the 
 and project are there, as in an image), except for the folders a pod owns: `/tmp` (mode 1777),
 `/home` (the image user's HOME), `/run` (where `/var/run/secrets/kubernetes.io/serviceaccount`
 lives), `/workspace` (its empty working directory, root-owned like an image's WORKDIR) and KFP's
-artifact mounts `/minio`, `/s3` and `/gcs` (world-writable, as KFP's emptyDir volumes). Those are
+artifact mounts `/minio`, `/s3` and `/gcs` (world-writable, as KFP's emptyDir volumes); `/root`
+is the pod's too, holding only this machine's Python (pyenv lives there). Those are
 the pod's own folders on the host, so the emulator can play the KFP launcher: download input
 artifacts into them before the container starts and upload outputs from them afterwards.
 `/etc/hosts` is the pod's own file too, so Service names (`<job>-master-0`) resolve. The command

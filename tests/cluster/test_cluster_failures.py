@@ -5,12 +5,15 @@
 - a job whose pods cannot be scheduled (too few GPUs) is reported in the component's log with the
   scheduler's reason, and cancelling the run (SIGTERM to the component) deletes the job;
 - a job deleted from outside fails its task at once, saying so;
+- a component killed mid-job (OOM, a lost node) is retried by KFP and re-attaches to the job it created;
 - an unreachable S3 endpoint fails the first task that needs it with an error naming the endpoint
   (slow: the storage layer retries an outage for ALIGNFLOW_S3_RETRY_SECONDS, 300 s by default).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -99,6 +102,23 @@ def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, 
         assert time.monotonic() - deleted < 45, "the task noticed the deletion late"
         assert "deleted" in results["train-sft"].log.lower()
         assert results["train-dpo"].state != "SUCCEEDED"
+
+
+def test_component_killed_mid_job_is_retried_and_reattaches_to_the_running_job(sandbox, object_store, tracking_server,
+                                                                              tiny_inputs, packages, tmp_path):
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+        cluster = platform.cluster
+        package = platform.package("rlhf-dpo")
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP | {"train-dpo"},
+                           retries=True).start()
+        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        first_pod = run.current_pod
+        os.killpg(cluster.kubelet.runtime((NAMESPACE, first_pod)).process.pid, signal.SIGKILL)  # OOM-killed
+        results = run.join(timeout=300)
+        sft = results["train-sft"]
+        assert (sft.state, sft.attempts) == ("SUCCEEDED", 2) and sft.pod != first_pod
+        assert [job["metadata"]["labels"]["alignflow/stage"] for job in created_jobs(cluster)] == ["sft"]
+        assert "re-attach" in sft.log  # the retry followed the job its first attempt created
 
 
 @pytest.mark.slow
