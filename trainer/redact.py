@@ -28,7 +28,9 @@ SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TO
                    "AZURE_STORAGE_CONNECTION_STRING")
 # Keys of params/config entries that are never logged.
 SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
-MIN_SECRET_LENGTH = 4  # shorter values (a username like "ml") would mask half of every line
+# Shorter values are not real credentials (AWS key ids are 20 characters, secret keys 40) and masking
+# them would mangle ordinary words: a test S3 server's key "test" would mask every "pytest" path.
+MIN_SECRET_LENGTH = 8
 _SECRET_PARAM = re.compile(r"token|secret|passw|pwd|signature|^sig$|credential|api[-_]?key|^key$|^auth|session",
                            re.IGNORECASE)
 # scheme://userinfo@ : the user info runs to the last "@" before the path.

@@ -63,3 +63,9 @@ def test_log_filter_masks_secrets_in_messages_arguments_and_tracebacks(caplog):
     assert "hunter22" not in caplog.text and "alice" not in caplog.text
     assert "connecting to http://h:1 with ***" in caplog.text
     assert "login failed for password ***" in caplog.text
+
+
+def test_short_values_are_not_treated_as_secrets():
+    # A test server's key "test" must not turn every "pytest" path in the logs into "py***".
+    environ = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}
+    assert secret_values(environ) == ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",)
