@@ -127,6 +127,11 @@ class OnlineTrainConfig(RunLoopConfig):
     micro_batch_size: int = Field(
         8, gt=0, description="Sequences per rank per forward pass; a minibatch is split into these for one step."
     )
+    max_nonfinite_steps: int = Field(
+        10, ge=0, description="Optimizer steps in a row (of the actor, or of the critic) that may be skipped for a "
+        "non-finite (NaN/inf) loss or gradient norm before the run fails; each skipped step is counted in "
+        "`train/nonfinite_skipped` (`critic/nonfinite_skipped`). A run that ends inside such a streak is not exported.",
+    )
 
 
 class CheckpointConfig(Section):

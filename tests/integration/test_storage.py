@@ -159,7 +159,9 @@ def test_experience_buffer_and_weight_versions_work_on_s3(bucket):
     got = reader.get(timeout=5)
     assert torch.equal(got.input_ids, ids) and got.version == 3
     assert reader.get(timeout=5) is None  # closed and drained
-    assert keys(bucket, "buffer") == ["buffer/CLOSED"]  # read batches are deleted
+    assert keys(bucket, "buffer") == ["buffer/CLOSED", "buffer/batch-00000001.safetensors"]  # kept until ...
+    reader.discard_through(1)  # ... a checkpoint covers them
+    assert keys(bucket, "buffer") == ["buffer/CLOSED", "buffer/DISCARDED"]
 
     weights = f"s3://{bucket}/weights"
     for version in range(3):

@@ -21,10 +21,18 @@ Deliberate differences from the seed, and why:
 - an error in a step ends `train` with that error: the seed logs it, breaks out and saves, which
   turns a failed run into a "finished" one;
 - batches older than `asynchronous.max_staleness` weight versions are dropped and counted
-  (`staleness/rejected`); the seed's default sample strategy takes whatever the buffer holds.
+  (`staleness/rejected`); the seed's default sample strategy takes whatever the buffer holds;
+- experience is trained on exactly once across restarts: the buffer position (the last batch
+  consumed) is part of every checkpoint, a resumed trainer reads the batch after it, and batches
+  are deleted only once a durable checkpoint covers them (`trainer.asynchronous.buffer`);
+- an explorer that marks the buffer failed, or a wait past `asynchronous.wait_timeout`, ends the
+  run with that error after a blocking checkpoint of the steps trained so far; SIGTERM/SIGINT
+  (`trainer.preemption`) end it at the next step boundary (or while waiting for experience) with a
+  blocking checkpoint, no export, and the preemption exit status.
 
 Metrics logged each step: the engine's (`TorchTrainEngine` lists them), `time/train_step`,
-`time/sync_weight`, `time/trainer_sync_interval`, `time/save_checkpoint` and `staleness/rejected`.
+`time/sync_weight`, `time/trainer_sync_interval`, `time/save_checkpoint`, `staleness/rejected`
+and `buffer/position` (the number of the buffer batch the step trained on).
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ import logging
 import time
 from abc import ABC, abstractmethod
 
-from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
+from trainer import preemption
+from trainer.asynchronous.buffer import ExperienceBuffer, ExplorerError, FileBuffer, buffer_dir
 from trainer.asynchronous.staleness import is_too_stale
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
-from trainer.errors import ConfigError, WaitTimeout
+from trainer.errors import AlignflowError, ConfigError, WaitTimeout
 from trainer.online.experience import Experience
 from trainer.tracking.tracker import NullTracker, Tracker
 
@@ -47,6 +56,16 @@ logger = logging.getLogger(__name__)
 
 class TrainEngineWrapper(ABC):
     """What the `Trainer` needs from a training backend (the seed's abstract methods, plus `tracker` and `close`)."""
+
+    buffer_position: int = 0
+    """Number of the last buffer batch consumed (trained on or rejected); checkpoints record it and
+    `prepare` restores it, so a resumed trainer reads the batch after it."""
+    num_rejected: int = 0
+    """Batches rejected as too stale so far in the run (checkpointed with the position)."""
+
+    def discardable_buffer_position(self) -> int:
+        """Buffer batches up to this position are covered by durable checkpoints and may be deleted."""
+        return 0
 
     @abstractmethod
     async def prepare(self) -> None:
@@ -122,9 +141,13 @@ class Trainer:
         self.max_staleness = self.options.staleness_limit
         self.last_sync_step: int | None = None
         self.last_sync_time: float | None = None
-        self.num_rejected = 0
         self.monitor: Tracker = NullTracker()
         self._alive = False
+        self._discarded = 0
+
+    @property
+    def num_rejected(self) -> int:
+        return self.engine.num_rejected
 
     @property
     def train_step_num(self) -> int:
@@ -133,6 +156,13 @@ class Trainer:
     async def prepare(self) -> None:
         await self.engine.prepare()
         self.monitor = self.engine.tracker
+        # The engine prepared on a worker thread, where signal handlers cannot be installed.
+        preemption.install(self.config.checkpoint.preemption_grace_seconds)
+        if not self.engine.buffer_position and not self.config.checkpoint.resume and isinstance(self.buffer, FileBuffer):
+            self.buffer.reset()  # starting over: no batch of an earlier run belongs to this one
+        self.buffer.seek(self.engine.buffer_position)
+        if self.engine.buffer_position:
+            logger.info("trainer continues after buffer batch %d", self.engine.buffer_position)
         self._alive = True
         await self.sync_weight()  # the explorer starts from the trainer's current weights
 
@@ -168,12 +198,19 @@ class Trainer:
         return metrics | {"time/train_step": time.monotonic() - started}
 
     async def _next_batch(self, metrics: dict[str, float]) -> Experience | None:
-        """The next batch from the buffer, syncing weights while waiting so an explorer waiting for them can go on."""
+        """The next batch from the buffer, syncing weights while waiting so an explorer waiting for them can go on.
+
+        None once the buffer is closed and drained, or when a signal asks the run to stop.
+        """
         deadline = time.monotonic() + self.options.wait_timeout
         while True:
             try:
-                return await asyncio.to_thread(self.buffer.get, min(1.0, self.options.wait_timeout))
+                batch = await asyncio.to_thread(self.buffer.get, min(1.0, self.options.wait_timeout))
+                self.engine.buffer_position = self.buffer.position
+                return batch
             except WaitTimeout:
+                if preemption.stop_requested():
+                    return None
                 if await self.need_sync():
                     metrics.update(await self.sync_weight())
                 if time.monotonic() > deadline:
@@ -182,7 +219,7 @@ class Trainer:
                                       "is the explorer running?") from None
 
     async def _sample_data(self, metrics: dict[str, float]) -> list[Experience] | None:
-        """The next batch young enough to learn from, or None once the explorer closed the buffer.
+        """The next batch young enough to learn from, or None once the explorer closed the buffer (or a signal came).
 
         Batches more than `max_staleness` weight versions old are dropped, counted and logged.
         """
@@ -190,7 +227,7 @@ class Trainer:
             if not is_too_stale(batch, self.train_step_num, self.max_staleness):
                 metrics["staleness/rejected"] = float(self.num_rejected)
                 return [batch]
-            self.num_rejected += 1
+            self.engine.num_rejected += 1
             logger.warning("rejected a batch of weight version %d at trainer version %d: older than "
                            "asynchronous.max_staleness %d (%d rejected so far)", batch.version, self.train_step_num,
                            self.max_staleness, self.num_rejected)
@@ -198,29 +235,78 @@ class Trainer:
         return None
 
     async def train(self) -> str:
-        """Train until `total_steps` or until the explorer closes the buffer; end with a blocking save and export."""
-        while self.train_step_num < self.total_steps:
-            metrics: dict[str, float] = {}
-            exps = await self._sample_data(metrics)
-            if exps is None:
-                logger.info("the explorer closed the buffer after %d steps", self.train_step_num)
-                break
-            metrics.update(await self.train_step(exps))
-            if await self.need_sync():
-                metrics.update(await self.sync_weight())
-            if self.need_save():
-                metrics.update(self.save_checkpoint())
-            self.monitor.log_metrics(metrics, self.train_step_num)
-            logger.info("trainer step %d: score %.3f, loss %.4f, staleness %.0f", self.train_step_num,
-                        metrics.get("critic/score/mean", float("nan")), metrics.get("loss", float("nan")),
-                        metrics.get("staleness/max", float("nan")))
+        """Train until `total_steps` or until the explorer closes the buffer; end with a blocking save and export.
+
+        Returns:
+            "finished", or "preempted" when SIGTERM/SIGINT stopped the run (saved, not exported).
+
+        Raises:
+            ExplorerError: The explorer marked the buffer failed (after a blocking save).
+            WaitTimeout: No experience within `asynchronous.wait_timeout` (after a blocking save).
+        """
+        try:
+            while self.train_step_num < self.total_steps and not preemption.stop_requested():
+                if not await self._run_step():
+                    break
+        except (ExplorerError, WaitTimeout) as err:
+            logger.error("%s; saving trainer step %d before stopping", err, self.train_step_num)
+            self._save_before_stopping()
+            raise
+        if preemption.stopped_by_signal():
+            self._save_before_stopping()
+            logger.warning("stopped at trainer step %d (signal %s) with a checkpoint; rerun to resume",
+                           self.train_step_num, preemption.signal_received())
+            return "preempted"
         self.save_checkpoint(block_until_saved=True, save_as_hf=True)
+        self.buffer.discard_through(self.engine.buffer_position)  # a finished run needs none of its batches
         return "finished"
 
+    async def _run_step(self) -> bool:
+        """Sample, train, sync, save and log one step; False when no batch came (closed buffer, signal)."""
+        metrics: dict[str, float] = {}
+        exps = await self._sample_data(metrics)
+        if exps is None:
+            if not preemption.stopped_by_signal():
+                logger.info("the explorer closed the buffer after %d steps", self.train_step_num)
+            return False
+        metrics.update(await self.train_step(exps))
+        metrics["buffer/position"] = float(self.buffer.position)
+        if await self.need_sync():
+            metrics.update(await self.sync_weight())
+        self.monitor.log_metrics(metrics, self.train_step_num)  # before saving: a checkpoint carries the history
+        if self.need_save():
+            self.monitor.log_metrics(self.save_checkpoint(), self.train_step_num)
+        self._discard_covered()
+        logger.info("trainer step %d: score %.3f, loss %.4f, staleness %.0f, buffer batch %d", self.train_step_num,
+                    metrics.get("critic/score/mean", float("nan")), metrics.get("loss", float("nan")),
+                    metrics.get("staleness/max", float("nan")), self.buffer.position)
+        return True
+
+    def _save_before_stopping(self) -> None:
+        """A blocking checkpoint of the step reached (no export), then garbage-collect what it covers."""
+        if self.train_step_num == 0:
+            return  # nothing trained: a rerun starts where this one did
+        try:
+            self.save_checkpoint(block_until_saved=True)
+        except AlignflowError as err:  # the reason for stopping is the error to report; this one is logged
+            logger.error("the checkpoint before stopping failed: %s", err)
+            return
+        self._discard_covered()
+
+    def _discard_covered(self) -> None:
+        """Delete the buffer batches that durable checkpoints cover (never one a resume could still need)."""
+        position = self.engine.discardable_buffer_position()
+        if position > self._discarded:
+            self.buffer.discard_through(position)
+            self._discarded = position
+
     async def shutdown(self) -> None:
-        """Wait for background saves and close the tracker (also after a failed `prepare`)."""
-        await asyncio.to_thread(self.engine.close)
-        self._alive = False
+        """Wait for background saves, close the tracker and restore the signal handlers (also after a failed `prepare`)."""
+        try:
+            await asyncio.to_thread(self.engine.close)
+        finally:
+            preemption.uninstall()
+            self._alive = False
 
     async def is_alive(self) -> bool:
         return self._alive

@@ -1,10 +1,17 @@
-"""A small explorer: generate with the newest published weights, score, write experience batches.
+"""A small explorer: generate with the newest published weights, score, write numbered experience batches.
 
-It exercises the weight-sync protocol of the experience-driven `Trainer`: batch i may be
-generated once weight version `(i - sync_offset) // sync_interval * sync_interval` (or newer) is
-published, so the explorer runs at most `sync_offset` steps ahead of the trainer. It closes the
-buffer when it has produced `total_steps` batches (or `num_batches`, if given), which ends the
-trainer's run cleanly.
+It exercises the weight-sync protocol of the experience-driven `Trainer`: batch n (1-based) may be
+generated once weight version `(n - 1 - sync_offset) // sync_interval * sync_interval` (or newer)
+is published, so the explorer runs at most `sync_offset` steps ahead of the trainer. It closes the
+buffer when it has produced batch `total_steps` (or `num_batches`, if given), which ends the
+trainer's run cleanly; an error marks the buffer FAILED with a one-line reason instead, which
+stops the trainer with that reason. SIGTERM/SIGINT (`trainer.preemption`) stop it between batches
+with neither marker: a restarted explorer simply continues.
+
+Batch numbers are the buffer's (`trainer.asynchronous.buffer`): an explorer (re)started on an
+existing buffer continues after the highest number written or discarded, with the prompts and
+the sampling seed that batch would have had in an uninterrupted run, so a restart regenerates
+nothing and skips nothing. Which weights it uses comes from the trainer's published version.
 
 Each batch records the weight version that generated it and the per-token log-probs of its
 responses under those weights (`behaviour_logps`, the same untempered softmax the trainer
@@ -19,10 +26,12 @@ import logging
 
 import torch
 
+from trainer import preemption
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import load_version, wait_for_version, weights_dir
+from trainer.checkpoint import one_line
 from trainer.config import OnlineStageConfig
 from trainer.context import seed_everything
 from trainer.data.dataset import load_rows
@@ -37,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 
 def required_version(batch_index: int, sync_interval: int, sync_offset: int) -> int:
-    """Oldest weight version allowed to generate batch `batch_index` (bounded staleness)."""
+    """Oldest weight version allowed to generate the batch of 0-based index `batch_index` (bounded staleness)."""
     return max(0, (batch_index - sync_offset) // sync_interval * sync_interval)
 
 
@@ -59,8 +68,8 @@ class Explorer:
         self.policy = load_frozen(load_causal_lm, config.model, self.device)
         self.version = -1
         self.scorer = build_scorer(config, self.device)
-        rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
-        self.prompts = PromptStream(rows, 1, 0, config.train.seed)
+        self.rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
+        self.prompts = PromptStream(self.rows, 1, 0, config.train.seed)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self.batch_size = config.algorithm.rollout_batch_size
         self.repeat = config.num_generations
@@ -73,14 +82,23 @@ class Explorer:
         return wait_for_version(weights_dir(self.config), minimum, self.options.wait_timeout)
 
     def refresh_weights(self, minimum: int) -> None:
-        """Wait for version >= minimum; load the newest if it is newer than the one in use."""
-        if self.wait_for_version(minimum) > self.version:
+        """Wait for version >= minimum; load the newest if it is not the one in use.
+
+        "Not the one in use" rather than "newer": a restarted trainer republishes the older version
+        of its checkpoint, and the explorer follows the trainer that is alive.
+        """
+        if self.wait_for_version(minimum) != self.version:
             if self.synchronizer is not None:
                 self.version, state = self.synchronizer.get_model_state_dict()
             else:
                 self.version, state = load_version(weights_dir(self.config))
             self.policy.load_state_dict(state)
             logger.info("explorer loaded weight version %d", self.version)
+
+    def seek(self, batches_done: int) -> None:
+        """Position the prompt stream after `batches_done` batches, as an uninterrupted explorer would be."""
+        taken = batches_done * self.batch_size
+        self.prompts.restore(taken // len(self.rows), taken % len(self.rows))
 
     @torch.no_grad()
     def make_batch(self) -> Experience:
@@ -92,17 +110,34 @@ class Explorer:
                           behaviour_logps=behaviour_logps.cpu(), version=self.version)
 
     def run(self, num_batches: int | None = None) -> int:
-        """Produce batches, then close the buffer. Returns the number of batches written."""
-        seed_everything(self.config.train.seed + 1000)  # its own sampling stream
-        # A resumed trainer publishes its current step as the first version: continue from there.
-        first = self.wait_for_version(0)
+        """Produce the batches after the buffer's last one up to `num_batches` (default `total_steps`),
+        then close the buffer; on an error mark it failed and re-raise. Returns the number written."""
         total = num_batches if num_batches is not None else self.options.total_steps
         try:
-            for index in range(first, total):
-                self.refresh_weights(required_version(index, self.options.sync_interval, self.options.sync_offset))
-                self.buffer.put(self.make_batch())
-                logger.info("explorer wrote batch %d with weight version %d", index + 1, self.version)
-        finally:
+            written, is_complete = self._produce(total)
+        except Exception as err:
+            self.buffer.fail(f"{type(err).__name__}: {one_line(err)}")
+            raise
+        if is_complete:
             self.buffer.close()
-        return max(0, total - first)
+        return written
 
+    def _produce(self, total: int) -> tuple[int, bool]:
+        """Write batches `last_written + 1 .. total`; (count written, whether it got to the end)."""
+        last = self.buffer.last_written()
+        if last:
+            logger.info("explorer continues after batch %d", last)
+        self.seek(last)
+        written = 0
+        for number in range(last + 1, total + 1):
+            if preemption.stop_requested():
+                logger.warning("explorer stopped by signal %s before batch %d; a restarted explorer continues there",
+                               preemption.signal_received(), number)
+                return written, False
+            self.refresh_weights(required_version(number - 1, self.options.sync_interval, self.options.sync_offset))
+            # Each batch its own sampling stream: batch n is sampled alike however many restarts preceded it.
+            seed_everything(self.config.train.seed + 1000 + number)
+            number = self.buffer.put(self.make_batch())
+            written += 1
+            logger.info("explorer wrote batch %d with weight version %d", number, self.version)
+        return written, True

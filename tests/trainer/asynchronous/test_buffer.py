@@ -1,8 +1,9 @@
 """Tests for the experience buffers (`trainer.asynchronous.buffer`), weight publishing (`trainer.asynchronous.weights`) and
 `Experience` batching (`trainer.online.experience`).
 
-Two `FileBuffer` objects on one directory stand in for the explorer and trainer processes. Every
-wait uses a timeout of 0.2 s, so a hang shows as a slow failure rather than a stuck run.
+Two `FileBuffer` objects on one directory stand in for the explorer and trainer processes; a new
+object on the same directory stands in for a restarted one. Every wait uses a timeout of 0.2 s,
+so a hang shows as a slow failure rather than a stuck run.
 """
 
 import threading
@@ -11,9 +12,16 @@ import time
 import pytest
 import torch
 
-from trainer.asynchronous.buffer import CLOSED_MARKER, FileBuffer, QueueBuffer
+from trainer.asynchronous.buffer import (
+    CLOSED_MARKER,
+    DISCARDED_FILE,
+    FAILED_MARKER,
+    ExplorerError,
+    FileBuffer,
+    QueueBuffer,
+)
 from trainer.asynchronous.weights import latest_version, load_version, publish_weights, wait_for_version
-from trainer.errors import AlignflowError, WaitTimeout
+from trainer.errors import AlignflowError, DataError, WaitTimeout
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 
 TIMEOUT = 0.2
@@ -50,14 +58,78 @@ def assert_times_out_quickly(get) -> None:
 # ---- FileBuffer --------------------------------------------------------------------------------
 
 
+def batch_names(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("batch-"))
+
+
 def test_file_buffer_round_trips_experiences_in_order(tmp_path):
     buffer = FileBuffer(tmp_path, poll_interval=0.01)
     first, second = make_experience(1, version=3), make_experience(2, version=4)
-    buffer.put(first)
-    buffer.put(second)
+    assert buffer.put(first) == 1 and buffer.put(second) == 2  # numbered from 1
     assert_same_experience(buffer.get(TIMEOUT), first)
+    assert buffer.position == 1
     assert_same_experience(buffer.get(TIMEOUT), second)
-    assert list(tmp_path.iterdir()) == []  # read batches are deleted
+    assert buffer.position == 2
+
+
+def test_file_buffer_keeps_read_batches_until_a_checkpoint_covers_them(tmp_path):
+    writer, reader = FileBuffer(tmp_path), FileBuffer(tmp_path, poll_interval=0.01)
+    for seed in (1, 2, 3):
+        writer.put(make_experience(seed))
+    reader.get(TIMEOUT)
+    reader.get(TIMEOUT)
+    # Read, but no checkpoint covers them yet: a trainer killed now must find them again.
+    assert batch_names(tmp_path) == ["batch-00000001.safetensors", "batch-00000002.safetensors",
+                                     "batch-00000003.safetensors"]
+    reader.discard_through(1)  # a durable checkpoint records position 1
+    assert batch_names(tmp_path) == ["batch-00000002.safetensors", "batch-00000003.safetensors"]
+    assert reader.discarded_through() == 1
+    reader.discard_through(0)  # never backwards
+    assert reader.discarded_through() == 1
+
+
+def test_file_buffer_reader_resumed_at_a_position_reads_the_batch_after_it(tmp_path):
+    writer = FileBuffer(tmp_path)
+    batches = [make_experience(seed) for seed in (1, 2, 3)]
+    for batch in batches:
+        writer.put(batch)
+    resumed = FileBuffer(tmp_path, poll_interval=0.01)  # a restarted trainer whose checkpoint says position 1
+    resumed.seek(1)
+    assert_same_experience(resumed.get(TIMEOUT), batches[1])
+    assert_same_experience(resumed.get(TIMEOUT), batches[2])
+    assert resumed.position == 3
+
+
+def test_file_buffer_resuming_behind_discarded_batches_is_an_error(tmp_path):
+    buffer = FileBuffer(tmp_path)
+    for seed in (1, 2, 3):
+        buffer.put(make_experience(seed))
+    buffer.discard_through(2)
+    with pytest.raises(DataError, match=rf"{DISCARDED_FILE}: batches up to 2 were deleted .* resumes at batch 2"):
+        FileBuffer(tmp_path).seek(1)
+    FileBuffer(tmp_path).seek(2)  # at the discarded position itself: batch 3 is there
+
+
+def test_file_buffer_numbering_continues_across_writer_restarts(tmp_path):
+    FileBuffer(tmp_path).put(make_experience(1))
+    FileBuffer(tmp_path).put(make_experience(2))  # a restarted explorer continues after batch 1
+    assert batch_names(tmp_path) == ["batch-00000001.safetensors", "batch-00000002.safetensors"]
+    FileBuffer(tmp_path).discard_through(2)  # everything consumed and checkpointed: no batch file is left
+    restarted = FileBuffer(tmp_path)
+    assert restarted.last_written() == 2
+    assert restarted.put(make_experience(3)) == 3  # not 1: the discarded numbers are not reused
+    assert batch_names(tmp_path) == ["batch-00000003.safetensors"]
+
+
+def test_file_buffer_refuses_to_write_a_number_another_writer_took(tmp_path):
+    first, second = FileBuffer(tmp_path), FileBuffer(tmp_path)
+    first.put(make_experience(1))
+    second.put(make_experience(2))  # batch 2
+    with pytest.raises(DataError, match=r"batch-00000002.safetensors already exists: another explorer"):
+        first.put(make_experience(3))  # first still believes 2 is free
+    reader = FileBuffer(tmp_path)
+    reader.seek(1)
+    assert_same_experience(reader.get(TIMEOUT), make_experience(2))  # the second writer's batch 2 is intact
 
 
 def test_file_buffer_get_on_an_empty_buffer_times_out(tmp_path):
@@ -89,7 +161,7 @@ def test_file_buffer_reader_sees_batches_put_after_it_was_created(tmp_path):
     assert reader.get(TIMEOUT) is None
 
 
-def test_file_buffer_reader_created_after_the_writer_starts_at_the_oldest_batch(tmp_path):
+def test_file_buffer_reader_created_after_the_writer_starts_at_batch_1(tmp_path):
     writer = FileBuffer(tmp_path, poll_interval=0.01)
     first, second = make_experience(1), make_experience(2)
     writer.put(first)
@@ -158,6 +230,31 @@ def test_file_buffer_closed_marker_name(tmp_path):
     assert (tmp_path / CLOSED_MARKER).exists()
 
 
+def test_file_buffer_failed_marker_stops_the_reader_after_the_batches_before_it(tmp_path):
+    writer, reader = FileBuffer(tmp_path), FileBuffer(tmp_path, poll_interval=0.01)
+    experience = make_experience(1)
+    writer.put(experience)
+    writer.fail("RewardError: reward function raised\n  ValueError: bad")
+    assert (tmp_path / FAILED_MARKER).read_text() == "RewardError: reward function raised ValueError: bad"  # one line
+    assert not reader.is_closed()  # failed is not closed
+    assert_same_experience(reader.get(TIMEOUT), experience)  # what came before the failure is still read
+    with pytest.raises(ExplorerError, match=rf"{FAILED_MARKER}: the explorer failed: RewardError: reward function"):
+        reader.get(TIMEOUT)
+    assert issubclass(ExplorerError, AlignflowError)
+
+
+def test_file_buffer_clear_markers_keeps_batches_and_positions(tmp_path):
+    buffer = FileBuffer(tmp_path, poll_interval=0.01)
+    buffer.put(make_experience(1))
+    buffer.put(make_experience(2))
+    buffer.discard_through(1)
+    buffer.close()
+    buffer.fail("boom")
+    buffer.clear_markers()
+    assert not buffer.is_closed() and buffer.failure() is None
+    assert batch_names(tmp_path) == ["batch-00000002.safetensors"] and buffer.discarded_through() == 1
+
+
 # ---- QueueBuffer -------------------------------------------------------------------------------
 
 
@@ -172,6 +269,18 @@ def test_queue_buffer_round_trips_in_order():
 
 def test_queue_buffer_get_on_an_empty_buffer_times_out():
     assert_times_out_quickly(QueueBuffer().get)
+
+
+def test_queue_buffer_counts_positions_and_fails_after_what_came_before():
+    buffer = QueueBuffer()
+    buffer.seek(4)  # a resumed trainer
+    assert buffer.last_written() == 4  # an explorer thread started now continues at 5
+    assert buffer.put(make_experience(1)) == 5
+    buffer.fail("WaitTimeout: no weights")
+    assert buffer.get(TIMEOUT) is not None and buffer.position == 5
+    for _ in range(2):  # and stays failed
+        with pytest.raises(ExplorerError, match="the explorer failed: WaitTimeout: no weights"):
+            buffer.get(TIMEOUT)
 
 
 def test_queue_buffer_returns_none_once_closed_and_drained():

@@ -11,7 +11,9 @@ the booster's plugin (DDP, FSDP2), not a wrapper of its own.
 
 Metrics: the objective's (`trainer.algorithms.ppo`/`grpo` list them) plus `grad_norm`, `lr` and
 `num_units`, each the mean over the step's optimizer steps; the critic's keep the colocated
-loop's names (`value_loss`, `critic/grad_norm`, ...).
+loop's names (`value_loss`, `critic/grad_norm`, ...). An optimizer step that `train_step` skipped
+for a non-finite loss or gradient norm is counted by the model's `NonFiniteGuard` (the one the
+supervised loop uses), which ends the run after `train.max_nonfinite_steps` in a row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.algorithms.ppo import response_logps, response_values
-from trainer.algorithms.update import Objective, train_step
+from trainer.algorithms.update import NonFiniteGuard, Objective, train_step
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.booster import Booster
 from trainer.config import OnlineStageConfig
@@ -32,7 +34,7 @@ from trainer.online.loop import build_actor_objective, build_critic_objective, c
 def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                           objective: Objective, data: DataProto, config: OnlineStageConfig,
                           generator: torch.Generator, ptx_batches: list[dict] | None = None,
-                          first_step: int = 0) -> dict[str, float]:
+                          first_step: int = 0, guard: NonFiniteGuard | None = None) -> dict[str, float]:
     """`num_update_epochs` shuffled passes over `data` in minibatches of `mini_batch_size`, one `train_step` each.
 
     Args:
@@ -42,7 +44,8 @@ def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.o
         config: Supplies `num_update_epochs`, `mini_batch_size`, `micro_batch_size` and `max_grad_norm`.
         generator: Orders the minibatches (the same seed gives actor and critic the same order).
         ptx_batches: Pretraining batches, cycled through by optimizer step (PPO's ptx loss).
-        first_step: Optimizer steps taken before this call (picks the ptx batch).
+        first_step: Optimizer steps taken before this call (picks the ptx batch; numbers steps in messages).
+        guard: Counts skipped (non-finite) optimizer steps; TrainingError after too many in a row.
 
     Returns:
         The mean of each metric over the optimizer steps, plus `num_optimizer_steps`.
@@ -55,10 +58,13 @@ def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.o
         for minibatch in data.batch.select(order.to(data.batch.input_ids.device)).split(options.mini_batch_size):
             ptx = ptx_batches[(first_step + steps) % len(ptx_batches)] if ptx_batches else None
             batches = micro_batches(minibatch, config.train.micro_batch_size, device, ptx, pin_memory=True)
-            for key, value in train_step(booster, model, optimizer, scheduler, batches, objective,
-                                         config.optimizer.max_grad_norm).items():
-                sums[key] = sums.get(key, 0.0) + value
+            metrics = train_step(booster, model, optimizer, scheduler, batches, objective,
+                                 config.optimizer.max_grad_norm)
             steps += 1
+            if guard is not None:
+                guard.observe(metrics, first_step + steps)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
     return {key: value / max(steps, 1) for key, value in sums.items()} | {"num_optimizer_steps": float(steps)}
 
 
@@ -82,6 +88,7 @@ class DataParallelPPOActor:
         self.config: OnlineStageConfig | None = None
         self.policy_loss_fn: Objective | None = None
         self.num_optimizer_steps = 0
+        self.nonfinite: NonFiniteGuard | None = None
 
     def set_algorithm(self, config: OnlineStageConfig) -> None:
         """Choose the policy objective (GRPO's or PPO's) and the update sizes from the stage config."""
@@ -107,8 +114,10 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an actor with an optimizer after set_algorithm")
         metrics = update_in_minibatches(self.booster, self.actor_module, self.actor_optimizer, self.actor_scheduler,
                                         self.policy_loss_fn, data, self.config, generator, self.ptx_batches,
-                                        self.num_optimizer_steps)
+                                        self.num_optimizer_steps, self.nonfinite)
         self.num_optimizer_steps += int(metrics["num_optimizer_steps"])
+        if self.nonfinite is not None:
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite.total)
         return metrics
 
 
@@ -123,6 +132,8 @@ class DataParallelPPOCritic:
         self.critic_scheduler = scheduler
         self.config = config
         self.value_loss_fn = build_critic_objective(config)
+        self.num_optimizer_steps = 0
+        self.nonfinite: NonFiniteGuard | None = None
 
     @torch.no_grad()
     def compute_values(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
@@ -137,5 +148,9 @@ class DataParallelPPOCritic:
     def update_critic(self, data: DataProto, generator: torch.Generator) -> dict[str, float]:
         """Train the value model on the batch (which has `values` and `returns`)."""
         metrics = update_in_minibatches(self.booster, self.critic_module, self.critic_optimizer, self.critic_scheduler,
-                                        self.value_loss_fn, data, self.config, generator)
+                                        self.value_loss_fn, data, self.config, generator,
+                                        first_step=self.num_optimizer_steps, guard=self.nonfinite)
+        self.num_optimizer_steps += int(metrics["num_optimizer_steps"])
+        if self.nonfinite is not None:
+            metrics["nonfinite_skipped"] = float(self.nonfinite.total)
         return critic_metric_names(metrics)

@@ -5,7 +5,8 @@ Seed: `trinity/trainer/verl/fsdp_checkpoint_manager.py` and the `CheckpointMonit
 the seed's names:
 
 - `upload_state_dict(step)`: the full policy state dict to the in-process `Synchronizer`, for an
-  explorer thread in this process (the seed's "memory" sync method);
+  explorer thread in this process (the seed's "memory" sync method; like the next, refused with a
+  TrainingError when a weight is not finite: explorers never generate with a diverged policy);
 - `save_state_dict(step)`: the policy alone as weight version `step` in the weights directory,
   for explorer processes (the seed's "checkpoint" sync method; `trainer.asynchronous.weights`);
 - `save_checkpoint(step, ...)`: a resumable checkpoint (model, optimizer, scheduler, RNG, loop
@@ -30,6 +31,7 @@ from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import publish_weights
 from trainer.booster import Booster
 from trainer.checkpoint import CheckpointManager, ModelParts, copy_tensors
+from trainer.context import check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -90,17 +92,24 @@ class FSDPCheckpointManager:
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.booster.full_state_dict(self.model)  # a collective under FSDP2: every rank calls it
 
+    def _publishable_state_dict(self, version: int) -> dict[str, torch.Tensor]:
+        """The full state dict, checked finite (TrainingError naming the first bad tensor otherwise)."""
+        state = self._full_state_dict()
+        if self.booster.plugin.is_main_process:
+            check_finite({f"{self.role} (weight version {version})": state})
+        return state
+
     def upload_state_dict(self, global_step: int) -> None:
         """Give the in-process synchronizer a copy of the full state dict as version `global_step`."""
         if self.synchronizer is None:
             raise RuntimeError(f"{self.role}: upload_state_dict needs a Synchronizer (an explorer in this process)")
-        self.synchronizer.set_model_state_dict(copy_tensors(self._full_state_dict()), global_step)
+        self.synchronizer.set_model_state_dict(copy_tensors(self._publishable_state_dict(global_step)), global_step)
 
     def save_state_dict(self, global_step: int) -> str | None:
         """Publish the full state dict as weight version `global_step` in `weights_dir` (rank 0 writes)."""
         if self.weights_dir is None:
             raise RuntimeError(f"{self.role}: save_state_dict needs a weights directory")
-        state = self._full_state_dict()
+        state = self._publishable_state_dict(global_step)
         if not self.booster.plugin.is_main_process:
             return None
         return publish_weights(self.weights_dir, state, global_step)

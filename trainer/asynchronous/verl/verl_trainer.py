@@ -16,6 +16,13 @@ Metrics of a step: the actor's and critic's (`trainer.asynchronous.verl.dp_actor
 (`compute_data_metrics`), `staleness/*` (`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1
 KL to the reference per sequence) and `kl/coef` (the reward's KL coefficient, PPO).
 
+A checkpoint holds, besides both roles' models and optimizers, the loop state the `Trainer` needs
+for exactly-once experience: `buffer_position` (the last buffer batch consumed) and the count of
+rejected batches, and each role's non-finite skip counters. `discardable_buffer_position` says up
+to which batch the buffer may be garbage-collected: the position of the newest durable checkpoint
+but one, so a resume that falls back past a damaged latest checkpoint still finds its batches.
+A policy with a non-finite weight is neither published to explorers nor exported.
+
 The trainer runs as one process (data-parallel trainer ranks are not supported here yet); the
 explorer is another process or a thread.
 """
@@ -28,6 +35,7 @@ from typing import Any
 
 import torch
 
+from trainer.algorithms.update import NonFiniteGuard
 from trainer.asynchronous.engine import TrainEngineWrapper
 from trainer.asynchronous.staleness import importance_correction, staleness_metrics
 from trainer.asynchronous.synchronizer import Synchronizer
@@ -68,6 +76,10 @@ class TorchTrainEngine(TrainEngineWrapper):
         self.last_metrics: dict[str, float] = {}
         self.samples: list[dict] = []
         self._saved_step: int | None = None
+        self.buffer_position = 0
+        self.num_rejected = 0
+        self._saved_positions: dict[int, int] = {}  # checkpoint step -> the buffer position it records
+        self._durable_positions: list[int] = []  # buffer positions of durable checkpoints, oldest first
 
     # -- setup ---------------------------------------------------------------------------------------
 
@@ -95,6 +107,9 @@ class TorchTrainEngine(TrainEngineWrapper):
         seed_everything(config.train.seed + context.env.rank)
         self.actor_rollout_wg.setup_weight_sync_group()
         self.actor_rollout_wg.set_algorithm(config)
+        self.actor_rollout_wg.actor.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
+        if self.critic_wg is not None:
+            self.critic_wg.critic.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.kl_controller = build_kl_controller(config)
         self._load_checkpoint()
 
@@ -113,6 +128,19 @@ class TorchTrainEngine(TrainEngineWrapper):
         self.global_steps = self._saved_step = state["train_step"]
         self.actor_rollout_wg.actor.num_optimizer_steps = state["optimizer_steps"]
         self.kl_controller.value = state["kl_coef"]
+        # Checkpoints from before positions were recorded consumed one batch per step, deleting it on read.
+        self.buffer_position = state.get("buffer_position", state["train_step"])
+        self.num_rejected = state.get("num_rejected", 0)
+        self._durable_positions = [self.buffer_position]
+        for role, guard in self._guards().items():
+            guard.restore(state.get(f"{role}num_nonfinite_skipped", 0), state.get(f"{role}nonfinite_in_a_row", 0))
+
+    def _guards(self) -> dict[str, NonFiniteGuard]:
+        """Each role's non-finite guard, keyed by its prefix in the checkpoint state ("" for the actor)."""
+        guards = {"": self.actor_rollout_wg.actor.nonfinite}
+        if self.critic_wg is not None:
+            guards["critic_"] = self.critic_wg.critic.nonfinite
+        return guards
 
     @property
     def train_step_num(self) -> int:
@@ -160,10 +188,17 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
         step = self.global_steps
+        if save_as_hf:
+            for guard in self._guards().values():
+                guard.check_end(step)  # a run that ends inside a streak of skipped steps is not exported
         if self._saved_step != step:
             # `global_step` is the step metrics are logged at (here the trainer step), as in every stage.
             state = {"train_step": step, "global_step": step, "kl_coef": self.kl_controller.value,
-                     "optimizer_steps": self.actor_rollout_wg.actor.num_optimizer_steps}
+                     "optimizer_steps": self.actor_rollout_wg.actor.num_optimizer_steps,
+                     "buffer_position": self.buffer_position, "num_rejected": self.num_rejected}
+            for role, guard in self._guards().items():
+                state |= {f"{role}num_nonfinite_skipped": guard.total, f"{role}nonfinite_in_a_row": guard.in_a_row}
+            self._saved_positions[step] = self.buffer_position
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(step, block=block_until_saved)
             self.actor_rollout_wg.save_checkpoint(step, state, block=block_until_saved)
@@ -177,6 +212,15 @@ class TorchTrainEngine(TrainEngineWrapper):
             if self.critic_wg is not None:
                 exports["critic"] = self.critic_wg.module
             finish_stage(self.context, exports, {"train_step": step, **self.last_metrics}, step, samples=self.samples)
+
+    def discardable_buffer_position(self) -> int:
+        """Buffer batches up to this position may be deleted: the newest durable checkpoint but one covers them."""
+        durable = self.checkpoints.last_durable  # set by the writer thread once a checkpoint is complete
+        if durable is not None:
+            step = int(durable.rstrip("/").rsplit("step-", 1)[-1])
+            for saved in sorted(s for s in self._saved_positions if s <= step):
+                self._durable_positions.append(self._saved_positions.pop(saved))
+        return self._durable_positions[-2] if len(self._durable_positions) >= 2 else 0
 
     def sync_weight(self) -> None:
         self.actor_rollout_wg.sync_weight()
