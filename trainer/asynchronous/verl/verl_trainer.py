@@ -218,8 +218,11 @@ class TorchTrainEngine(TrainEngineWrapper):
         durable = self.checkpoints.last_durable  # set by the writer thread once a checkpoint is complete
         if durable is not None:
             step = int(durable.rstrip("/").rsplit("step-", 1)[-1])
-            for saved in sorted(s for s in self._saved_positions if s <= step):
-                self._durable_positions.append(self._saved_positions.pop(saved))
+            if step in self._saved_positions:
+                self._durable_positions.append(self._saved_positions[step])
+            for saved in [s for s in self._saved_positions if s <= step]:
+                # Older saves not seen durable (failed, or superseded unseen) never count: deleting less is safe.
+                del self._saved_positions[saved]
         return self._durable_positions[-2] if len(self._durable_positions) >= 2 else 0
 
     def sync_weight(self) -> None:
