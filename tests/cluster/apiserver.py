@@ -12,8 +12,9 @@ services, nodes) and of `kubeflow.org/v1` PyTorchJobs, and pod logs (with `tailL
   `fieldValidation=Warn`), and recorded in `warnings` so a test can insist there are none;
 - keeps resourceVersions (409 on a stale update), replays watches from a resourceVersion, and
   answers 410 Gone (as a watch ERROR event) once that version was compacted away;
-- can be told to fail requests (`Fault`: a status such as 503 or 429, or a dropped connection)
-  to prove clients survive what a real control plane does now and then.
+- can be told to fail requests (`Fault`: a status such as 503 or 429, or a dropped connection),
+  and to end every open watch (`close_watches`), to prove clients survive what a real control
+  plane does now and then.
 
 What it leaves out: admission webhooks, server-side apply, strategic merge semantics (a PATCH is
 a JSON merge patch), field managers, and every resource the tests do not use.
@@ -116,6 +117,7 @@ class ApiServer:
         self.requests: list[Request] = []
         self.warnings: list[str] = []
         self.log_source: Callable[[str, str, str | None], Any] | None = None
+        self.watch_epoch = 0  # close_watches() bumps it: every open watch stream ends
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.server.socket = ssl_context.wrap_socket(self.server.socket, server_side=True,
@@ -136,6 +138,12 @@ class ApiServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def close_watches(self) -> None:
+        """End every open watch stream, as an API server restart (or a load balancer) does."""
+        with self.store.changed:
+            self.watch_epoch += 1
+            self.store.changed.notify_all()
 
     def calls(self, verb: str | None = None, resource: str | None = None, user: str | None = None) -> list[Request]:
         return [r for r in self.requests if (verb is None or r.verb == verb)

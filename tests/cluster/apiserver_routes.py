@@ -200,6 +200,7 @@ class Routes:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or WATCH_DEFAULT_SECONDS)
         requested = query.get("resourceVersion", "")
+        epoch = self.server_api.watch_epoch
         with store.changed:
             if requested and requested != "0":
                 last = int(requested)
@@ -221,7 +222,7 @@ class Routes:
                     self.wfile.write((json.dumps(event) + "\n").encode())
             self.wfile.flush()
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.server_api.watch_epoch != epoch:
                 return
             with store.changed:
                 events = store.events_since(last)

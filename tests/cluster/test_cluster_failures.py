@@ -5,7 +5,9 @@
 - a job whose pods cannot be scheduled (too few GPUs) is reported in the component's log with the
   scheduler's reason, and cancelling the run (SIGTERM to the component) deletes the job;
 - a job deleted from outside fails its task at once, saying so;
-- a component killed mid-job (OOM, a lost node) is retried by KFP and re-attaches to the job it created;
+- a component killed mid-job (OOM, a lost node) is retried by KFP and re-attaches to the job it created
+  (slow: about a minute);
+- prepared inputs are cached on their content, not their URI (slow);
 - an unreachable S3 endpoint fails the first task that needs it with an error naming the endpoint
   (slow: the storage layer retries an outage for ALIGNFLOW_S3_RETRY_SECONDS, 300 s by default).
 """
@@ -18,10 +20,18 @@ import time
 
 import pytest
 
+from tests.cluster import kfp_ir
 from tests.cluster.conftest import NAMESPACE, chart_values, deployment, tiny_arguments
+from tests.cluster.kfp_runner import ExecutionCache
 from tests.cluster.training_operator import free_port
 
 SKIP = {"evaluate-model"}
+
+
+@pytest.fixture(scope="module")
+def cache():
+    """One KFP execution cache for the module: prepare-inputs, cached on its inputs' content, copies once."""
+    return ExecutionCache()
 TRAINING = ("train-sft", "train-dpo")
 
 
@@ -49,24 +59,25 @@ def test_missing_secret_or_config_map_fails_before_any_job(missing, sandbox, obj
 
 
 def test_secret_outside_the_allow_list_fails_before_any_job(sandbox, object_store, tracking_server, tiny_inputs,
-                                                            packages, tmp_path):
+                                                            packages, cache, tmp_path):
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
         platform.cluster.create_namespace_objects(NAMESPACE, secrets_={"team-b-s3": {"AWS_ACCESS_KEY_ID": "b"}})
         package = platform.package("rlhf-dpo")
         arguments = tiny_arguments(package, tiny_inputs, s3_secret="team-b-s3")
-        results = platform.run("rlhf-dpo", arguments, skip=SKIP).run()
+        results = platform.run("rlhf-dpo", arguments, skip=SKIP, cache=cache).run()
         assert results["train-sft"].state == "FAILED"
         assert "team-b-s3" in results["train-sft"].log
         assert created_jobs(platform.cluster) == []
 
 
 def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox, object_store, tracking_server,
-                                                                        tiny_inputs, packages, tmp_path):
+                                                                        tiny_inputs, packages, cache, tmp_path):
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
         # Two GPUs per node: the GPU node has one, the CPU node is not selected.
-        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP).start()
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP,
+                           cache=cache).start()
         cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
         created = time.monotonic()
         cluster.wait_for(lambda: "Insufficient nvidia.com/gpu" in run.pod_log("train-sft"), 60,
@@ -82,7 +93,7 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
 
 
 def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, tracking_server, tiny_inputs,
-                                                         packages, tmp_path):
+                                                         packages, cache, tmp_path):
     from kubernetes import client
 
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
@@ -90,7 +101,7 @@ def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, 
         package = platform.package("rlhf-dpo")
         long_sft = {**tiny_arguments(package, tiny_inputs)["sft_settings"], "train.max_steps": 100000}
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, sft_epochs=1000, sft_settings=long_sft),
-                           skip=SKIP).start()
+                           skip=SKIP, cache=cache).start()
         job = cluster.wait_for(lambda: next((j for j in cluster.jobs() if j.get("status", {}).get("conditions")
                                              and j["status"]["conditions"][-1]["type"] == "Running"), None),
                                240, "the SFT job runs")
@@ -104,6 +115,7 @@ def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, 
         assert results["train-dpo"].state != "SUCCEEDED"
 
 
+@pytest.mark.slow
 def test_component_killed_mid_job_is_retried_and_reattaches_to_the_running_job(sandbox, object_store, tracking_server,
                                                                               tiny_inputs, packages, tmp_path):
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
@@ -119,6 +131,38 @@ def test_component_killed_mid_job_is_retried_and_reattaches_to_the_running_job(s
         assert (sft.state, sft.attempts) == ("SUCCEEDED", 2) and sft.pod != first_pod
         assert [job["metadata"]["labels"]["alignflow/stage"] for job in created_jobs(cluster)] == ["sft"]
         assert "re-attach" in sft.log  # the retry followed the job its first attempt created
+
+
+@pytest.mark.slow
+def test_prepared_inputs_are_cached_on_their_content_not_their_uri(sandbox, object_store, tracking_server, tiny_inputs,
+                                                                  packages, tmp_path):
+    from tests.cluster.kfp_runner import ObjectStore
+    from tests.integration.services import S3_ENV
+
+    store, uri = ObjectStore(object_store, S3_ENV), tiny_inputs["sft_train_uri"]
+    original = tmp_path / "sft_train.jsonl"
+    store.download(uri, original)
+    cache = ExecutionCache()
+    with deployment(tmp_path / "cluster", packages, object_store, tracking_uri=tracking_server) as platform:
+        package = platform.package("rlhf-dpo")
+        tasks = kfp_ir.load_package(package)[0]["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+        skip = set(tasks) - {"fingerprint-inputs", "prepare-inputs"}
+
+        def prepared_rows() -> list[str]:
+            results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=skip, cache=cache).run()
+            assert results["prepare-inputs"].state == "SUCCEEDED"
+            store.download(results["prepare-inputs"].artifacts["sft_train"][0]["uri"], tmp_path / "copy.jsonl")
+            return (tmp_path / "copy.jsonl").read_text().splitlines()
+
+        try:
+            first = prepared_rows()
+            assert prepared_rows() == first and cache.hits == ["prepare-inputs"]  # unchanged data: a cache hit
+            changed = original.read_text() + '{"prompt": "1+1=", "completion": "2"}\n'
+            (tmp_path / "changed.jsonl").write_text(changed)
+            store.upload(tmp_path / "changed.jsonl", uri)  # new data at the same URI (a weekly `latest`)
+            assert prepared_rows() == changed.splitlines() and cache.hits == ["prepare-inputs"]
+        finally:
+            store.upload(original, uri)
 
 
 @pytest.mark.slow

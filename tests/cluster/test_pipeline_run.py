@@ -42,11 +42,14 @@ def dpo_run(sandbox, object_store, tracking_server, tiny_inputs, packages, tmp_p
                     tracking_uri=tracking_server) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
-        watch = r"/pytorchjobs$"
-        cluster.api.faults += [Fault("GET", watch, status=503, times=2, watch=True, when=job_running(cluster, "dpo")),
-                               Fault("GET", watch, status=0, times=1, watch=True, when=job_running(cluster, "dpo"))]
-        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP)
-        results = run.run()
+        watch, dpo_running = r"/pytorchjobs$", job_running(cluster, "dpo")
+        cluster.api.faults += [Fault("GET", watch, status=503, times=2, watch=True, when=dpo_running),
+                               Fault("GET", watch, status=0, times=1, watch=True, when=dpo_running)]
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP).start()
+        # Once DPO's job runs, every open watch ends: the launcher's next watches meet the faults.
+        cluster.wait_for(dpo_running, 600, "the DPO job runs")
+        cluster.api.close_watches()
+        results = run.join(timeout=600)
         print(run.timings())
         yield platform, run, results
 
