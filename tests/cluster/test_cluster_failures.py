@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tests.cluster import kfp_ir
-from tests.cluster.conftest import NAMESPACE, chart_values, deployment, tiny_arguments
+from tests.cluster.conftest import NAMESPACE, S3_SECRET, chart_values, deployment, tiny_arguments
 from tests.cluster.kfp_runner import ExecutionCache
 from tests.cluster.training_operator import free_port
 
@@ -51,7 +51,8 @@ def test_missing_secret_or_config_map_fails_before_any_job(missing, sandbox, obj
         package = platform.package("rlhf-dpo")
         results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, pending_limit=3).run()
         failed = first_failure(results)
-        expected = 'secret "alignflow-s3" not found' if missing == "secret" else 'configmap "alignflow-defaults" not found'
+        config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")["metadata"]["name"]
+        expected = f'secret "{S3_SECRET}" not found' if missing == "secret" else f'configmap "{config_map}" not found'
         assert "CreateContainerConfigError" in failed.error and expected in failed.error
         assert all(name not in results or results[name].state != "SUCCEEDED" for name in TRAINING)
         assert created_jobs(platform.cluster) == []
