@@ -77,7 +77,7 @@ def test_broken_model_directory(kind, expected, capsys, tmp_path, tiny_model, ta
     assert not (tmp_path / "out").exists()  # failed before writing anything
 
 
-@pytest.mark.parametrize("stage", ["sft", "dpo"])
+@pytest.mark.parametrize("stage", [pytest.param("sft", marks=pytest.mark.slow), "dpo"])  # sft: subprocess above
 def test_divergence_fails_with_one_line_and_exports_nothing(stage, capsys, tmp_path, tiny_model, task_files):
     data = task_files["sft_train"] if stage == "sft" else task_files["pref_eval"]
     config = stage_dict(stage, tmp_path / "out", tiny_model, data, optimizer={"lr": 1e10},

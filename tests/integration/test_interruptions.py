@@ -113,7 +113,8 @@ def online_config(stage: str, output: Path, tiny_model: Path, task_files: dict) 
                       checkpoint={"save_interval": 100}, **{stage: options})
 
 
-@pytest.mark.parametrize("stage", ["rm", "dpo", "grpo", pytest.param("ppo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("stage", ["rm", "grpo", pytest.param("dpo", marks=pytest.mark.slow),
+                                   pytest.param("ppo", marks=pytest.mark.slow)])
 def test_every_stage_stops_on_sigterm_with_a_checkpoint(stage, tmp_path, tiny_model, task_files):
     output = tmp_path / "out"
     if stage in ("rm", "dpo"):

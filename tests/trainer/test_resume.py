@@ -33,7 +33,7 @@ def records(output) -> list[dict]:
     return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", pytest.param("missing", marks=pytest.mark.slow)])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one_bit_exact(damage, tmp_path, tiny_model, task_files,
                                                                             caplog):
     caplog.set_level(logging.INFO, logger="trainer")
