@@ -51,16 +51,12 @@ def quiet_libraries() -> None:
     disable_progress_bars()
 
 
-def run_one(spec_path: Path, num_threads: int) -> None:
+def run_one(spec_path: Path) -> None:
     """Train the stage described by a spec file and write the process's peak RSS next to its metrics."""
-    import torch
-
     from trainer.config import build_config
     from trainer.supervised.stages import run_stage
 
     quiet_libraries()
-    if num_threads > 0:
-        torch.set_num_threads(num_threads)  # this process only: it exists to run one measured stage
     spec = json.loads(spec_path.read_text())
     run_stage(build_config(spec["stage"], spec["config"]))
     # ru_maxrss is in KiB on Linux and in bytes on macOS.
@@ -80,7 +76,7 @@ def stage_config(args: argparse.Namespace, model_dir: Path, data_path: Path, out
         "optimizer": {"lr": LR},
         # Epochs are bounded by max_steps; a large max_epochs just lets small datasets wrap around.
         "train": {"max_epochs": 100_000, "max_steps": args.steps, "micro_batch_size": args.micro_batch_size,
-                  "log_interval": 1, "seed": args.seed},
+                  "log_interval": 1, "seed": args.seed, "num_threads": args.num_threads or None},
         "checkpoint": {"keep_last": 1, "save_interval": 0},
         "tracking": {"backend": "none"},
     }
@@ -102,12 +98,11 @@ def prepare_workload(args: argparse.Namespace, work_dir: Path) -> tuple[Path, di
     return model_dir, {"sft": sft_data, "rm": pref_data, "dpo": pref_data}
 
 
-def launch_stage(stage: str, config: dict, work_dir: Path, num_threads: int) -> Path:
+def launch_stage(stage: str, config: dict, work_dir: Path) -> Path:
     """Run one stage in a fresh interpreter; returns its output directory."""
     spec_path = work_dir / f"{stage}.json"
     spec_path.write_text(json.dumps({"stage": stage, "config": config}))
-    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path),
-               "--num-threads", str(num_threads)]
+    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)]
     returncode = subprocess.run(command, check=False).returncode
     if returncode != 0:
         sys.exit(f"benchmark: stage {stage} failed with exit status {returncode}; its error is above")
@@ -160,7 +155,7 @@ def describe_workload(args: argparse.Namespace) -> dict:
     default_model = f"tiny Llama hidden={HIDDEN_SIZE} layers={NUM_LAYERS}"
     return {"model": str(args.model_dir or default_model), "max_length": MAX_LENGTH,
             "micro_batch_size": args.micro_batch_size, "steps": args.steps, "warmup_steps": WARMUP_STEPS,
-            "seed": args.seed, "threads": args.num_threads or "torch default"}
+            "seed": args.seed, "threads": args.num_threads or "train.num_threads default"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=NUM_STEPS, help="Optimizer steps per stage.")
     parser.add_argument("--seed", type=int, default=0, help="Seeds the tiny model, the task data and training.")
     parser.add_argument("--micro-batch-size", type=int, default=MICRO_BATCH_SIZE, help="Samples or pairs per step.")
-    parser.add_argument("--num-threads", type=int, default=NUM_THREADS, help="torch threads; 0 keeps torch's default.")
+    parser.add_argument("--num-threads", type=int, default=NUM_THREADS, help="train.num_threads; 0 leaves it to its default (the CPUs available).")
     parser.add_argument("--model-dir", type=Path, help="HF model + tokenizer directory; default: the tiny model.")
     parser.add_argument("--sft-data", type=Path, help="SFT JSONL (prompt/completion or messages) for sft.")
     parser.add_argument("--pref-data", type=Path, help="Preference JSONL (prompt/chosen/rejected) for rm and dpo.")
@@ -191,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     """Measure the chosen stages one subprocess at a time and print the summary."""
     args = parse_args(argv)
     if args.run_one is not None:
-        run_one(args.run_one, args.num_threads)
+        run_one(args.run_one)
         return
     quiet_libraries()
     with tempfile.TemporaryDirectory(prefix="alignflow-bench-") as temp:
@@ -200,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         results = []
         for stage in args.stages:
             config = stage_config(args, model_dir, data[stage], work_dir / "runs" / stage)
-            results.append(summarise(stage, launch_stage(stage, config, work_dir, args.num_threads)))
+            results.append(summarise(stage, launch_stage(stage, config, work_dir)))
     workload = describe_workload(args)
     if args.output == "json":
         print(json.dumps({"workload": workload, "results": results}, indent=2))

@@ -1,0 +1,69 @@
+"""The side-by-side benchmark's own logic: its alignflow configs stay valid, its workload has the stated
+shape, and its summary judges the issue's targets from the medians (the runs themselves are `make benchmark`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from trainer.config import build_config
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "side_by_side.py"
+spec = importlib.util.spec_from_file_location("side_by_side", SCRIPT)
+side_by_side = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(side_by_side)
+
+
+@pytest.mark.parametrize("stage", side_by_side.STAGES)
+def test_every_stage_config_is_a_valid_alignflow_config(stage, tmp_path):
+    files = {name: tmp_path / name for name in ("model", "sft", "preference", "prompts")}
+    kind, raw = side_by_side.alignflow_config(stage, files, tmp_path / "run", max_steps=4)
+    config = build_config(kind, raw)
+    assert config.train.num_threads == side_by_side.NUM_THREADS and config.train.mixed_precision == "no"
+    if kind == "grpo":
+        assert config.grpo.beta == 0.0 and config.grpo.num_episodes == 4
+    else:
+        assert config.train.max_steps == 4 and config.train.micro_batch_size == side_by_side.BATCH_SIZE
+    if kind == "dpo":
+        assert config.dpo.precompute_ref_log_probs == (stage == "dpo_precomputed")
+
+
+def test_the_workload_has_the_stated_sizes_and_lengths(tmp_path):
+    files = side_by_side.write_workload(tmp_path)
+    sft = [json.loads(line) for line in files["sft"].read_text().splitlines()]
+    pairs = [json.loads(line) for line in files["preference"].read_text().splitlines()]
+    assert len(sft) == side_by_side.SFT_ROWS and len(pairs) == side_by_side.PREFERENCE_PAIRS
+    low, high = side_by_side.SFT_TOKENS
+    # One token per character, plus EOS: every row is 64-256 tokens.
+    assert all(low <= len(row["prompt"]) + len(row["completion"]) + 1 <= high for row in sft)
+    assert len(files["prompts"].read_text().splitlines()) == side_by_side.GRPO_PROMPTS
+    assert (files["model"] / "config.json").is_file()
+
+
+def test_text_has_exactly_the_asked_length():
+    rng = random.Random(0)
+    assert [len(side_by_side._text(rng, n)) for n in (1, 16, 200)] == [1, 16, 200]
+
+
+def run(tokens: float, seconds: float = 1.0, rss: float = 100.0) -> dict:
+    return {"tokens_per_second": tokens / seconds, "samples_per_second": tokens / seconds / 100,
+            "peak_rss_mb": rss, "loss": 1.0, "wall_seconds": 1.0, "steps": 1, "tokens": tokens}
+
+
+def test_summary_uses_medians_and_judges_the_targets():
+    results = {("alignflow", "sft_padded"): [run(150), run(1000), run(160)],  # median 160
+               ("trl", "sft_padded"): [run(100), run(90), run(110)],          # median 100
+               ("alignflow", "dpo_live"): [run(120, rss=70)], ("trl", "dpo_live"): [run(100, rss=100)],
+               ("alignflow", "dpo_precomputed"): [run(190)], ("trl", "dpo_precomputed"): [run(150)]}
+    rows = side_by_side.summarise(results, ["sft_padded", "dpo_live", "dpo_precomputed"])
+    assert rows[0]["tokens_ratio"] == pytest.approx(1.6)
+    checks = "\n".join(side_by_side.check_targets(rows))
+    assert "met    sft_padded real tokens/s vs TRL: 1.60" in checks
+    assert "MISSED dpo_live real tokens/s vs TRL: 1.20" in checks
+    # Precomputed alignflow DPO is judged against TRL's live-reference DPO: 190 / 100.
+    assert "MISSED dpo precomputed reference vs TRL's live-reference DPO, tokens/s: 1.90" in checks
+    assert "met    dpo_live peak RSS vs TRL: 0.70" in checks
