@@ -134,7 +134,7 @@ def make_plugin(parallel: ParallelConfig, env: DistributedEnv, device: torch.dev
     if name == "colossalai":
         from trainer.colossalai_booster import ColossalAIPlugin
 
-        return ColossalAIPlugin(env, device, parallel.colossalai, max_grad_norm)
+        return ColossalAIPlugin(env, device, parallel.colossalai_options, max_grad_norm)
     return PLUGINS[name](env, device)
 
 

@@ -93,7 +93,7 @@ class ColossalAIPlugin(Plugin):
         if options.plugin == "torch_ddp":
             return TorchDDPPlugin()
         if options.plugin == "low_level_zero":
-            return LowLevelZeroPlugin(stage=options.zero_stage, precision=precision, max_norm=max_norm,
+            return LowLevelZeroPlugin(stage=options.resolved_zero_stage, precision=precision, max_norm=max_norm,
                                       cpu_offload=options.cpu_offload)
         if options.plugin == "gemini":
             if precision == "fp32":
@@ -101,7 +101,7 @@ class ColossalAIPlugin(Plugin):
                                   "train.mixed_precision is 'no': set it to bf16 (or auto on a bf16 GPU)")
             return GeminiPlugin(precision=precision, max_norm=max_norm, enable_gradient_accumulation=True,
                                 offload_optim_frac=1.0 if options.cpu_offload else 0.0)
-        return HybridParallelPlugin(tp_size=options.tp_size, pp_size=1, zero_stage=options.zero_stage,
+        return HybridParallelPlugin(tp_size=options.tp_size, pp_size=1, zero_stage=options.resolved_zero_stage,
                                     precision=precision, max_norm=max_norm, cpu_offload=options.cpu_offload)
 
 

@@ -176,9 +176,9 @@ class ColossalAIConfig(Section):
         "(ZeRO-1/2), `gemini` (chunked ZeRO-3 with placement), `hybrid_parallel` (tensor parallel + ZeRO). "
         "All but `torch_ddp` need CUDA and cast the model to `train.mixed_precision` themselves.",
     )
-    zero_stage: int = Field(
-        1, ge=0, le=2, description="ZeRO stage: 1 shards optimizer states, 2 also gradients (0: none). Only for "
-        "`low_level_zero` (1 or 2) and `hybrid_parallel` (0 to 2); setting it for another plugin is an error.",
+    zero_stage: int | None = Field(
+        None, ge=0, le=2, description="ZeRO stage: 1 shards optimizer states, 2 also gradients (0: none). Only for "
+        "`low_level_zero` (1 or 2) and `hybrid_parallel` (0 to 2); null is 1. Setting it for another plugin is an error.",
     )
     tp_size: int = Field(
         1, gt=0, description="Tensor-parallel degree of `hybrid_parallel` (the number of processes must be a "
@@ -190,9 +190,14 @@ class ColossalAIConfig(Section):
         "`hybrid_parallel` (ZeRO offload), `gemini` (all optimizer state offloaded).",
     )
 
+    @property
+    def resolved_zero_stage(self) -> int:
+        return 1 if self.zero_stage is None else self.zero_stage
+
     @model_validator(mode="after")
     def _check_plugin_knobs(self) -> ColossalAIConfig:
-        if "zero_stage" in self.model_fields_set and self.plugin not in ("low_level_zero", "hybrid_parallel"):
+        # A value, not "was it set": a dumped config (config.yaml) must load back as it was.
+        if self.zero_stage is not None and self.plugin not in ("low_level_zero", "hybrid_parallel"):
             raise ValueError(f"zero_stage is set but plugin is {self.plugin!r}; it applies to low_level_zero and "
                              "hybrid_parallel")
         if self.plugin == "low_level_zero" and self.zero_stage == 0:
@@ -210,8 +215,8 @@ class ParallelConfig(Section):
         "auto", description="Booster plugin: `auto` is ddp under torchrun with more than one process, else single; "
         "`colossalai` drives training through ColossalAI's own Booster (options under `parallel.colossalai`)."
     )
-    colossalai: ColossalAIConfig = Field(
-        default_factory=ColossalAIConfig, description="ColossalAI's plugin and its knobs; only with plugin colossalai."
+    colossalai: ColossalAIConfig | None = Field(
+        None, description="ColossalAI's plugin and its knobs; only with plugin colossalai (null: torch_ddp)."
     )
 
     @field_validator("plugin", mode="after")
@@ -224,9 +229,14 @@ class ParallelConfig(Section):
             raise ValueError(f"another plugin here: fsdp2 {problem}")
         return plugin
 
+    @property
+    def colossalai_options(self) -> ColossalAIConfig:
+        return self.colossalai or ColossalAIConfig()
+
     @model_validator(mode="after")
     def _check_colossalai_section(self) -> ParallelConfig:
-        if "colossalai" in self.model_fields_set and self.plugin != "colossalai":
+        # A value, not "was it set": a dumped config (config.yaml) must load back as it was.
+        if self.colossalai is not None and self.plugin != "colossalai":
             raise ValueError(f"a colossalai section is given but plugin is {self.plugin!r}; it applies to plugin "
                              "colossalai only")
         return self
@@ -316,6 +326,10 @@ class DPOOptions(Section):
         0.0, ge=0, lt=0.5, description="Assumed fraction of flipped labels (conservative DPO); sigmoid loss only."
     )
     simpo_gamma: float = Field(0.5, ge=0, description="Target reward margin of SimPO (gamma / beta in the paper).")
+    rpo_alpha: float | None = Field(
+        None, ge=0, description="Weight of the chosen response's per-token NLL added to the loss (alpha of DPO+NLL, "
+        "Pang et al. 2024; TRL's rpo_alpha; the paper uses 1.0); null adds none. Works with every loss_type."
+    )
     reference_free: bool = Field(False, description="Use a uniform reference (log-prob 0) instead of a reference model.")
     precompute_ref_log_probs: bool = Field(
         False, description="Compute reference log-probs once before training and free the reference model."

@@ -295,3 +295,14 @@ def test_cross_field_error_from_overrides_only_is_blamed_on_the_flags(tmp_path):
         load_config("dpo", path, ["dpo.loss_type=ipo", "dpo.label_smoothing=0.1"])
     [problem] = problems(err)
     assert problem.startswith("--set dpo")
+
+
+@pytest.mark.parametrize("parallel", [{}, {"plugin": "colossalai"},
+                                      {"plugin": "colossalai", "colossalai": {"plugin": "low_level_zero"}}])
+def test_a_dumped_config_loads_back_unchanged(parallel, tmp_path):
+    from trainer.config import build_config, dump_config, load_config
+
+    config = build_config("sft", {"output_dir": "out", "model": {"path": "m"}, "data": {"train_path": "t.jsonl"},
+                                  "parallel": parallel})
+    dump_config(config, tmp_path / "config.yaml")  # what every run leaves beside its outputs
+    assert load_config("sft", tmp_path / "config.yaml") == config
