@@ -31,9 +31,9 @@ test: venv $(ACTIONLINT)
 
 # The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes).
 demo: venv
-	$(VENV)/bin/alignflow run rlhf-ppo --root $(DEMO_DIR)
-	$(VENV)/bin/alignflow run rlhf-dpo --root $(DEMO_DIR)
-	$(VENV)/bin/alignflow run rlhf-grpo --root $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-ppo --preset tiny --root $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-dpo --preset tiny --root $(DEMO_DIR)
+	$(VENV)/bin/alignflow run rlhf-grpo --preset tiny --root $(DEMO_DIR)
 
 # alignflow and TRL side by side on one synthetic workload (benchmarks/README.md; one epoch of every
 # stage, 3 repeats: over an hour on 2 busy cores). TRL (the `bench` extra) installs into .venv beside
