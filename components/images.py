@@ -5,4 +5,6 @@ import os
 # The slim launcher image (kfp, kubernetes, boto3, mlflow client, this project without torch).
 LAUNCHER_IMAGE = os.environ.get("ALIGNFLOW_LAUNCHER_IMAGE", "ghcr.io/alignflow/launcher:latest")
 # The CUDA trainer image the PyTorchJobs run.
-TRAINER_IMAGE = os.environ.get("ALIGNFLOW_TRAINER_IMAGE", "ghcr.io/alignflow/trainer:latest")
+# The published trainer image; a platform's own comes from ALIGNFLOW_TRAINER_IMAGE (the chart's ConfigMap).
+PUBLISHED_TRAINER_IMAGE = "ghcr.io/alignflow/trainer:latest"
+TRAINER_IMAGE = os.environ.get("ALIGNFLOW_TRAINER_IMAGE", PUBLISHED_TRAINER_IMAGE)

@@ -6,11 +6,11 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from components.images import PUBLISHED_TRAINER_IMAGE
 from components.launcher.platform import PlatformDefaults
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
-PUBLISHED_TRAINER_IMAGE = "ghcr.io/alignflow/trainer:latest"
 
 # Component parameter -> dotted config key, for the parameters the training components share.
 COMMON_KEYS = {"lr": "optimizer.lr", "micro_batch_size": "train.micro_batch_size", "max_length": "data.max_length"}

@@ -38,9 +38,9 @@ def experiment_id(client) -> str:
     """The experiment stage runs use too: MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME, else `alignflow`."""
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
         return os.environ["MLFLOW_EXPERIMENT_ID"]
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
-    experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+    from trainer.tracking.mlflow_tracker import get_or_create_experiment
+
+    return get_or_create_experiment(client, os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT)
 
 
 def sha256_of(uri: str) -> tuple[str, int]:

@@ -89,9 +89,7 @@ class MlflowTracker:
 
         experiment_id = env.experiment_id
         if experiment_id is None:
-            name = env.experiment_name or self.config.experiment_name
-            experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            experiment_id = get_or_create_experiment(self.client, env.experiment_name or self.config.experiment_name)
         tags = {MLFLOW_RUN_NAME: run_name, "alignflow.task": self.task, "alignflow.kind": "stage"}
         parent = self.parent_run_id
         if parent:
@@ -227,3 +225,9 @@ class MlflowTracker:
             with self._lock:
                 del self._queue[:len(batch)]
                 self._lock.notify_all()
+
+
+def get_or_create_experiment(client: Any, name: str) -> str:
+    """The id of MLflow experiment `name`, created if missing (stage runs and the pipeline's parent run)."""
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
