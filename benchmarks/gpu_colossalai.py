@@ -6,7 +6,7 @@
 
 Run it in the ColossalAI environment (`.venv-colossalai` from `make test-colossalai`, or the
 `VARIANT=colossalai` trainer image) on a machine with CUDA. Each plugin trains the same SFT run
-in this process through `parallel.plugin: colossalai` (`trainer.colossalai_booster`), one after the
+in this process through `parallel.plugin: colossalai` (`trainer.parallel.colossalai_booster`), one after the
 other; rank 0 prints one row per plugin: the first and last logged loss, the mean step time after
 `WARMUP_STEPS`, and peak GPU memory. A plugin that fails prints its error on one line and the
 next one runs. `gemini` needs ColossalAI's CUDA kernels (HybridAdam), which it compiles on first

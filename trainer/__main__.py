@@ -13,9 +13,9 @@ import sys
 
 import torch.distributed as dist
 
-from trainer import preemption
 from trainer.config import COMMAND_CONFIGS, describe_fields, load_config
 from trainer.errors import AlignflowError, ConfigError
+from trainer.lifecycle import preemption
 from trainer.redact import redact_text
 from trainer.runtime import read_distributed_env, setup_logging
 

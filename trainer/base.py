@@ -33,8 +33,8 @@ from torch import nn
 from torch.optim import Optimizer
 from tqdm import tqdm
 
-from trainer.booster import Booster, Plugin
 from trainer.callbacks import Callback
+from trainer.parallel.booster import Booster, Plugin
 
 
 class StopTraining(Exception):

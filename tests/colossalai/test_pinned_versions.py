@@ -12,9 +12,9 @@ pytest.importorskip("colossalai", reason="ColossalAI runs in its own environment
 import torch  # noqa: E402
 
 from tests.conftest import make_config  # noqa: E402
-from trainer.booster import make_plugin  # noqa: E402
 from trainer.data.collate import pack_sft, pad_sft  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
+from trainer.parallel.booster import make_plugin  # noqa: E402
 from trainer.runtime import DistributedEnv  # noqa: E402
 
 
@@ -22,7 +22,7 @@ def test_packing_would_mix_samples_under_these_pins(tiny_model, task_files):
     # Why packing is refused here: transformers 4.51.3 lets packed samples attend to each other.
     from trainer.algorithms.sft import SFTObjective
     from trainer.data.dataset import load_sft_dataset
-    from trainer.models import load_tokenizer
+    from trainer.modeling.models import load_tokenizer
     from trainer.tiny.model import build_tiny_llama
 
     tokenizer = load_tokenizer(str(tiny_model))

@@ -14,8 +14,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from trainer.booster import unwrap_model
 from trainer.config import load_config
+from trainer.parallel.booster import unwrap_model
 from trainer.runtime import read_distributed_env, setup_logging
 from trainer.supervised.stages import run_stage
 

@@ -18,7 +18,7 @@ import torch
 from tests.conftest import stage_dict
 from tests.integration.trainer_process import error_lines, run_trainer, write_config
 from trainer.__main__ import main
-from trainer.lease import LEASE_FILE, Lease
+from trainer.lifecycle.lease import LEASE_FILE, Lease
 from trainer.storage.s3 import S3Storage
 from trainer.tiny.model import write_tiny_model
 

@@ -15,7 +15,7 @@ from tests.conftest import make_config
 from trainer.algorithms.common import sequence_logps
 from trainer.data.collate import pad_preference
 from trainer.data.dataset import load_preference_dataset
-from trainer.models import load_tokenizer
+from trainer.modeling.models import load_tokenizer
 from trainer.supervised.stages import run_stage
 
 

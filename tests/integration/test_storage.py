@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-from trainer.booster import Booster, SinglePlugin
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 from trainer.storage import get_storage
 from trainer.storage.s3 import MB, S3Storage

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.integration.fault_proxy import FaultProxy
-from trainer.booster import Booster, SinglePlugin
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.errors import CheckpointError, LeaseError, StorageError
-from trainer.lease import Lease
+from trainer.lifecycle.lease import Lease
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 from trainer.storage.s3 import S3Storage
 

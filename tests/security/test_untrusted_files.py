@@ -21,10 +21,10 @@ from tests.conftest import stage_dict
 from tests.security.payloads import code_running_torch_file
 from trainer.asynchronous.buffer import FileBuffer
 from trainer.asynchronous.weights import load_version, publish_weights
-from trainer.booster import Booster, SinglePlugin
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.errors import CheckpointError, DataError
 from trainer.online.experience import Experience
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from trainer.base import OLTrainer, SLTrainer
-from trainer.booster import Booster, SinglePlugin
 from trainer.callbacks import Callback
 from trainer.data.sampler import ResumableSampler
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import make_config
-from trainer.context import build_context, close_context
+from trainer.lifecycle.context import build_context, close_context
 from trainer.runtime import available_cpus, cgroup_cpu_quota, configure_threads
 
 AFFINITY = len(os.sched_getaffinity(0))

@@ -9,11 +9,18 @@ With policy log-ratios  h = (log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - 
 - `simpo` (Meng et al. 2024, eq. 6): reference-free and length-normalised,
   -log sigmoid(beta (avg log pi(y_w|x) - avg log pi(y_l|x)) - gamma)
 
+`rpo_alpha` adds the length-normalised negative log-likelihood of the chosen response to any of
+these (DPO+NLL of Pang et al. 2024, "Iterative Reasoning Preference Optimization", section 2; TRL's
+`rpo_alpha`):  loss + alpha * (-log pi(y_w|x) / |y_w|). The pairwise losses only move the
+difference between chosen and rejected, so both log-probs can fall together; the NLL term keeps the
+chosen answer likely, which is what raises greedy accuracy on answers that can be checked.
+
 `reference_free` replaces the reference log-probs with 0. Chosen and rejected rows go through the
 model in one forward pass (`pad_preference` stacks them).
 
 Logged metrics: `loss`, `rewards/chosen`, `rewards/rejected` (beta times the log-ratio),
-`rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`.
+`rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`, `nll_loss` (the chosen
+response's per-token NLL, logged whether or not `rpo_alpha` adds it to the loss).
 """
 
 from __future__ import annotations
@@ -42,6 +49,19 @@ def simpo_loss(chosen_avg_logps: Tensor, rejected_avg_logps: Tensor, *, beta: fl
     return -F.logsigmoid(beta * (chosen_avg_logps - rejected_avg_logps) - gamma)
 
 
+def chosen_nll_loss(chosen_logps: Tensor, chosen_num_tokens: Tensor) -> Tensor:
+    """Per-token NLL of each chosen response (the NLL term of DPO+NLL, Pang et al. 2024, section 2).
+
+    Args:
+        chosen_logps: (B,) summed log-probs of the chosen responses' tokens.
+        chosen_num_tokens: (B,) number of those tokens; clamped to at least 1.
+
+    Returns:
+        (B,) -chosen_logps / chosen_num_tokens.
+    """
+    return -chosen_logps / chosen_num_tokens.clamp(min=1)
+
+
 class DPOObjective:
     """Forward pass and loss of one preference micro-batch.
 
@@ -50,16 +70,19 @@ class DPOObjective:
         loss_type: `sigmoid`, `ipo` or `simpo`.
         label_smoothing: Conservative-DPO eps (sigmoid only).
         simpo_gamma: SimPO's target margin gamma.
+        rpo_alpha: Weight of the chosen response's NLL added to the loss (alpha of DPO+NLL); None adds none.
         ref_model: Frozen reference; None when reference log-probs come with the batch
             (`ref_logps`, precomputed) or when the loss needs none (reference-free, SimPO).
     """
 
     def __init__(self, *, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
-                 simpo_gamma: float = 0.5, ref_model: nn.Module | None = None) -> None:
+                 simpo_gamma: float = 0.5, rpo_alpha: float | None = None,
+                 ref_model: nn.Module | None = None) -> None:
         self.beta = beta
         self.loss_type = loss_type
         self.label_smoothing = label_smoothing
         self.simpo_gamma = simpo_gamma
+        self.rpo_alpha = rpo_alpha
         self.ref_model = ref_model
 
     @property
@@ -81,8 +104,8 @@ class DPOObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         logps, num_tokens = sequence_logps(*scored_logits(model, _inputs(batch), batch["labels"]))  # (2B,), (2B,)
         chosen_logps, rejected_logps = logps.chunk(2)  # (B,) each
+        chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)  # (B,) each
         if self.loss_type == "simpo":
-            chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)
             chosen_rewards = self.beta * chosen_logps / chosen_tokens
             rejected_rewards = self.beta * rejected_logps / rejected_tokens
             losses = simpo_loss(chosen_logps / chosen_tokens, rejected_logps / rejected_tokens,
@@ -96,6 +119,9 @@ class DPOObjective:
             else:
                 losses = sigmoid_preference_loss(chosen_logratios, rejected_logratios, beta=self.beta,
                                                  label_smoothing=self.label_smoothing)
+        nll = chosen_nll_loss(chosen_logps, chosen_tokens)  # (B,)
+        if self.rpo_alpha is not None:
+            losses = losses + self.rpo_alpha * nll  # (B,)
         chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
         stats = {
             "loss": losses.detach().sum(),
@@ -105,6 +131,7 @@ class DPOObjective:
             "rewards/margins": (chosen_rewards - rejected_rewards).sum(),
             "logps/chosen": chosen_logps.detach().sum(),
             "logps/rejected": rejected_logps.detach().sum(),
+            "nll_loss": nll.detach().sum(),
         }
         return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)
 

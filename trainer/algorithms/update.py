@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput
-from trainer.booster import Booster
 from trainer.errors import TrainingError
+from trainer.parallel.booster import Booster
 from trainer.runtime import all_reduce_sum
 
 logger = logging.getLogger(__name__)

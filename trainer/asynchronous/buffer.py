@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors
 from trainer.config import OnlineStageConfig
 from trainer.errors import AlignflowError, DataError, WaitTimeout
 from trainer.online.experience import Experience
-from trainer.serialization import dump_tensors, load_json, load_tensors
 from trainer.storage import get_storage, is_remote, join_uri
 
 CLOSED_MARKER = "CLOSED"

@@ -27,7 +27,7 @@ Deliberate differences from the seed, and why:
   are deleted only once a durable checkpoint covers them (`trainer.asynchronous.buffer`);
 - an explorer that marks the buffer failed, or a wait past `asynchronous.wait_timeout`, ends the
   run with that error after a blocking checkpoint of the steps trained so far; SIGTERM/SIGINT
-  (`trainer.preemption`) end it at the next step boundary (or while waiting for experience) with a
+  (`trainer.lifecycle.preemption`) end it at the next step boundary (or while waiting for experience) with a
   blocking checkpoint, no export, and the preemption exit status.
 
 Metrics logged each step: the engine's (`TorchTrainEngine` lists them), `time/train_step`,
@@ -42,12 +42,12 @@ import logging
 import time
 from abc import ABC, abstractmethod
 
-from trainer import preemption
 from trainer.asynchronous.buffer import ExperienceBuffer, ExplorerError, FileBuffer, buffer_dir
 from trainer.asynchronous.staleness import is_too_stale
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
 from trainer.errors import AlignflowError, ConfigError, WaitTimeout
+from trainer.lifecycle import preemption
 from trainer.online.experience import Experience
 from trainer.tracking.tracker import NullTracker, Tracker
 

@@ -5,7 +5,7 @@ generated once weight version `(n - 1 - sync_offset) // sync_interval * sync_int
 is published, so the explorer runs at most `sync_offset` steps ahead of the trainer. It closes the
 buffer when it has produced batch `total_steps` (or `num_batches`, if given), which ends the
 trainer's run cleanly; an error marks the buffer FAILED with a one-line reason instead, which
-stops the trainer with that reason. SIGTERM/SIGINT (`trainer.preemption`) stop it between batches
+stops the trainer with that reason. SIGTERM/SIGINT (`trainer.lifecycle.preemption`) stop it between batches
 with neither marker: a restarted explorer simply continues.
 
 Batch numbers are the buffer's (`trainer.asynchronous.buffer`): an explorer (re)started on an
@@ -26,16 +26,16 @@ import logging
 
 import torch
 
-from trainer import preemption
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import load_version, wait_for_version, weights_dir
-from trainer.checkpoint import one_line
+from trainer.checkpointing.checkpoint import one_line
 from trainer.config import OnlineStageConfig
-from trainer.context import seed_everything
 from trainer.data.dataset import load_rows
-from trainer.models import load_causal_lm, load_frozen, load_tokenizer
+from trainer.lifecycle import preemption
+from trainer.lifecycle.context import seed_everything
+from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
 from trainer.online.reward_sources import build_scorer

@@ -10,7 +10,7 @@ that dies without marking the buffer (a signal, an OOM kill) is marked FAILED fo
 trainer stops with one line instead of waiting out `asynchronous.wait_timeout`.
 
 Every explorer holds a lease on its buffer directory (`<buffer_dir>/lease.json`, the heartbeat
-lease of `trainer.lease`): a second explorer on the same buffer fails at once naming the first,
+lease of `trainer.lifecycle.lease`): a second explorer on the same buffer fails at once naming the first,
 and a dead one's lease is taken over. Batch numbers are claimed by conditional writes besides, so
 two explorers can never write the same batch.
 
@@ -32,13 +32,13 @@ import sys
 import threading
 import time
 
-from trainer import preemption
 from trainer.asynchronous.buffer import FileBuffer, buffer_dir
 from trainer.asynchronous.engine import Trainer
-from trainer.checkpoint import one_line
+from trainer.checkpointing.checkpoint import one_line
 from trainer.config import OnlineStageConfig
 from trainer.errors import LaunchError, LeaseError
-from trainer.lease import Lease, describe
+from trainer.lifecycle import preemption
+from trainer.lifecycle.lease import Lease, describe
 
 logger = logging.getLogger(__name__)
 

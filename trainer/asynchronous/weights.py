@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors
 from trainer.config import OnlineStageConfig
 from trainer.errors import CheckpointError, WaitTimeout
-from trainer.serialization import dump_tensors, load_json, load_tensors
 from trainer.storage import get_storage, join_uri
 
 LATEST = "LATEST"

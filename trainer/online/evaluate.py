@@ -19,7 +19,7 @@ from torch import nn
 
 from trainer.config import EvaluateConfig, GenerationOptions, ModelConfig
 from trainer.data.dataset import load_rows
-from trainer.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
+from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
 from trainer.online.rollout import ScoredRollout, generate_and_score
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env

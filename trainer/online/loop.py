@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import preemption
 from trainer.algorithms.grpo import GRPOObjective, group_advantages
 from trainer.algorithms.ppo import (
     AdaptiveKLController,
@@ -34,12 +33,13 @@ from trainer.algorithms.ppo import (
 )
 from trainer.algorithms.update import train_step
 from trainer.base import OLTrainer, StopTraining
-from trainer.booster import Booster
-from trainer.checkpoint import CheckpointManager, ModelParts
+from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
+from trainer.lifecycle import preemption
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import generate_and_score
+from trainer.parallel.booster import Booster
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.tracker import Tracker
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from trainer.config import OnlineStageConfig
 from trainer.errors import RewardError
-from trainer.models import load_frozen, load_value_model
+from trainer.modeling.models import load_frozen, load_value_model
 from trainer.online.reward_registry import RewardAllowList, RewardFunction, resolve_reward_function
 
 DEFAULT_TIMEOUT_SECONDS = 30.0

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trainer.booster import unwrap_model
 from trainer.config import GenerationOptions
 from trainer.data.tokenize import encode_prompt
+from trainer.parallel.booster import unwrap_model
 
 
 def stop_token_ids(tokenizer: Any, options: GenerationOptions) -> list[int]:

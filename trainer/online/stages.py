@@ -1,6 +1,6 @@
 """Building and running an online stage (ppo, grpo) with the colocated `OLTrainer` loop.
 
-Shares the setup of the supervised stages (`trainer.context`) and adds what
+Shares the setup of the supervised stages (`trainer.lifecycle.context`) and adds what
 online RL needs: prompts, a frozen reference, a critic (PPO), a reward source, two boosters.
 """
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from trainer.base import StopTraining
-from trainer.booster import Booster, build_booster
-from trainer.checkpoint import CheckpointManager, ModelParts
+from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
-from trainer.context import (
+from trainer.data.collate import pad_sft
+from trainer.data.dataset import load_rows, load_sft_dataset
+from trainer.lifecycle.context import (
     RunContext,
     build_context,
     close_context,
@@ -24,13 +25,12 @@ from trainer.context import (
     resume_latest,
     seed_everything,
 )
-from trainer.data.collate import pad_sft
-from trainer.data.dataset import load_rows, load_sft_dataset
-from trainer.models import load_causal_lm, load_frozen, load_value_model
+from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
+from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.experience import ReplayBuffer
 from trainer.online.loop import PPOTrainer, trainer_class
 from trainer.online.reward_sources import build_scorer
-from trainer.optim import build_optimizer, build_scheduler
+from trainer.parallel.booster import Booster, build_booster
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ steps (through `algorithms.update.train_step`), logs, evaluates and saves for al
 Faults it handles: a step with a non-finite loss or gradient norm is skipped and counted
 (`train/nonfinite_skipped`), and more than `train.max_nonfinite_steps` in a row end the run with a
 `TrainingError`, as does a run that ends inside such a streak (its model is not exported); SIGTERM
-or SIGINT (`trainer.preemption`) ends the run after the current step with a blocking checkpoint.
+or SIGINT (`trainer.lifecycle.preemption`) ends the run after the current step with a blocking checkpoint.
 An epoch's checkpoint is written after its evaluation, so the metric history it carries is whole.
 """
 
@@ -24,15 +24,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from trainer import preemption
 from trainer.algorithms.update import NonFiniteGuard, Objective, evaluate, train_step
 from trainer.base import SLTrainer, StopTraining
-from trainer.booster import Booster, Plugin
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.config import StageConfig, TrainConfig
 from trainer.data.collate import example_length
 from trainer.data.sampler import ResumableSampler
 from trainer.errors import CheckpointError
+from trainer.lifecycle import preemption
+from trainer.parallel.booster import Booster, Plugin
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.tracker import Tracker
 

@@ -1,6 +1,6 @@
 """Building and running a supervised stage (sft, rm, dpo) from its config.
 
-`trainer.context` does the setup every stage shares (process group, plugin, booster, tokenizer,
+`trainer.lifecycle.context` does the setup every stage shares (process group, plugin, booster, tokenizer,
 tracker, resume, export); each `_prepare_<stage>` only picks its model, data, collate function and
 objective; `run_stage` wires them into a `SupervisedTrainer`, resumes, trains and exports.
 """
@@ -22,9 +22,11 @@ from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
 from trainer.base import StopTraining
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
-from trainer.context import (
+from trainer.data.collate import pack_sft, pad_preference, pad_sft
+from trainer.data.dataset import load_preference_dataset, load_sft_dataset
+from trainer.lifecycle.context import (
     RunContext,
     build_context,
     close_context,
@@ -33,9 +35,7 @@ from trainer.context import (
     resume_latest,
     seed_everything,
 )
-from trainer.data.collate import pack_sft, pad_preference, pad_sft
-from trainer.data.dataset import load_preference_dataset, load_sft_dataset
-from trainer.models import load_causal_lm, load_frozen, load_value_model
+from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.runtime import all_reduce_sum
 from trainer.supervised.loop import SupervisedTrainer, total_steps
 
@@ -100,7 +100,7 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
                 _attach_reference_logps(reference, examples, collate, context)
             reference = None  # freed: the batches now carry the reference log-probs
     objective = DPOObjective(beta=options.beta, loss_type=options.loss_type, label_smoothing=options.label_smoothing,
-                             simpo_gamma=options.simpo_gamma, ref_model=reference)
+                             simpo_gamma=options.simpo_gamma, rpo_alpha=options.rpo_alpha, ref_model=reference)
     return StageParts(load_causal_lm(config.model), train, evaluation, collate, objective)
 
 
@@ -142,7 +142,7 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
     Returns:
         The final metrics (also written to `final_metrics.json`) and the trained (boosted) model.
     """
-    from trainer.optim import build_optimizer, build_scheduler
+    from trainer.modeling.optim import build_optimizer, build_scheduler
 
     context = build_context(config)
     try:
@@ -171,3 +171,4 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         return StageResult(metrics, model)
     finally:
         close_context(context)
+

@@ -53,7 +53,7 @@ class JsonlTracker:
     """Appends `{"step": N, ...metrics}` lines to `<output_dir>/metrics.jsonl`; params to `params.json`.
 
     The metrics file is opened at the first `log_metrics`, so a resume can first set the history it
-    continues (`trainer.resume.restore_history`).
+    continues (`trainer.lifecycle.resume.restore_history`).
     """
 
     def __init__(self, directory: Path) -> None:

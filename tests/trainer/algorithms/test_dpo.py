@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.trainer.algorithms.stand_ins import BigramLM
-from trainer.algorithms.dpo import DPOObjective, ipo_loss, sigmoid_preference_loss, simpo_loss
+from trainer.algorithms.dpo import DPOObjective, chosen_nll_loss, ipo_loss, sigmoid_preference_loss, simpo_loss
 from trainer.data.tokenize import IGNORE_INDEX as X
 
 LN2 = math.log(2)
@@ -139,3 +139,43 @@ def test_simpo_objective_uses_length_normalised_logps_and_ignores_ref_logps():
     torch.testing.assert_close(output.stats["rewards/chosen"], torch.tensor(beta * sum(chosen)))
     torch.testing.assert_close(output.stats["rewards/margins"], torch.tensor(beta * 0.5 * LN2))  # -0.5 + 1
     torch.testing.assert_close(output.stats["rewards/accuracies"], torch.tensor(1.0))  # pair 1 only
+
+
+def test_chosen_nll_loss_is_per_token_and_clamps_empty_responses():
+    # -log(1/8) over 2 tokens = 1.5 ln2; an empty response (0 tokens, log-prob 0) counts as 1 token -> 0.
+    losses = chosen_nll_loss(torch.tensor([math.log(1 / 8), 0.0]), torch.tensor([2.0, 0.0]))
+    torch.testing.assert_close(losses, torch.tensor([1.5 * LN2, 0.0]))
+
+
+# Per-token NLL of the chosen rows: [1,2,3] -> -log(1/8) / 2 = 1.5 ln2; [1,3] -> -log(1/2) / 1 = ln2.
+CHOSEN_NLL = 1.5 * LN2 + LN2
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "simpo"])
+def test_rpo_alpha_adds_the_weighted_chosen_nll_to_every_loss_type(loss_type):
+    batch = preference_batch(ref_logps=REF_LOGPS)
+    plain = DPOObjective(beta=0.5, loss_type=loss_type)(BigramLM(POLICY), batch)
+    rpo = DPOObjective(beta=0.5, loss_type=loss_type, rpo_alpha=0.7)(BigramLM(POLICY), batch)
+    torch.testing.assert_close(rpo.total, plain.total + 0.7 * torch.tensor(CHOSEN_NLL))
+    for output in (plain, rpo):  # logged either way; the loss includes it only with rpo_alpha
+        torch.testing.assert_close(output.stats["nll_loss"], torch.tensor(CHOSEN_NLL))
+    torch.testing.assert_close(rpo.stats["loss"], rpo.total)
+
+
+def test_rpo_objective_matches_the_hand_value_of_dpo_plus_nll():
+    # Precomputed reference: h = [ln2, ln2] (see REF_LOGPS); alpha = 1 as in Pang et al. 2024.
+    output = DPOObjective(beta=0.5, rpo_alpha=1.0)(BigramLM(POLICY), preference_batch(ref_logps=REF_LOGPS))
+    torch.testing.assert_close(output.total, torch.tensor(2 * hand_sigmoid(LN2, 0.5) + 2.5 * LN2))
+
+
+def test_rpo_gradient_raises_the_chosen_answer_even_when_dpo_alone_is_indifferent():
+    # One pair whose chosen and rejected responses are the same sequence: the DPO loss is constant
+    # (h = 0 whatever the weights), so only the NLL term can move the policy, and it moves it up.
+    batch = {"input_ids": torch.tensor([[1, 2], [1, 2]]), "labels": torch.tensor([[X, 2], [X, 2]]),
+             "attention_mask": torch.ones(2, 2, dtype=torch.long), "ref_logps": torch.zeros(2)}
+    plain_policy, rpo_policy = BigramLM(POLICY), BigramLM(POLICY)
+    DPOObjective(beta=0.5)(plain_policy, batch).total.backward()
+    DPOObjective(beta=0.5, rpo_alpha=1.0)(rpo_policy, batch).total.backward()
+    assert plain_policy.table.weight.grad.abs().max() == 0
+    step = -rpo_policy.table.weight.grad  # a gradient-descent step direction
+    assert step[1, 2] > 0  # the logit of "2 after 1" goes up: p(chosen) rises

@@ -7,8 +7,8 @@ import torch
 
 from trainer.algorithms.common import LossOutput
 from trainer.algorithms.update import NonFiniteGuard, train_step
-from trainer.booster import Booster, SinglePlugin
 from trainer.errors import TrainingError
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 
 

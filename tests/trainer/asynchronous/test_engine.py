@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-from trainer import preemption
 from trainer.asynchronous.buffer import ExplorerError, FileBuffer, QueueBuffer
 from trainer.asynchronous.engine import TrainEngineWrapper, Trainer, get_trainer_wrapper
 from trainer.asynchronous.explorer import Explorer
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.errors import ConfigError, TrainingError
+from trainer.lifecycle import preemption
 
 
 def test_trainer_coroutines_and_plain_methods_follow_the_seed():

@@ -16,7 +16,7 @@ from trainer.asynchronous.explorer import Explorer
 from trainer.asynchronous.launch import run_explorer
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.errors import LeaseError, WaitTimeout
-from trainer.lease import Lease
+from trainer.lifecycle.lease import Lease
 
 
 def explorer_config(tmp_path, tiny_model, task_files, **asynchronous):

@@ -7,7 +7,7 @@ import torch
 from trainer.algorithms.sft import SFTObjective
 from trainer.data.collate import pack_sft, pad_sft
 from trainer.data.dataset import load_sft_dataset
-from trainer.models import load_tokenizer
+from trainer.modeling.models import load_tokenizer
 from trainer.tiny.model import build_tiny_llama
 
 

@@ -35,7 +35,7 @@ def test_reward_is_the_fraction_of_checked_answers_and_improvement_the_differenc
 
 
 def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model, tiny_model, task_files):
-    from tests.trainer.test_value_heads import sequence_classifier
+    from tests.trainer.modeling.test_value_heads import sequence_classifier
 
     sequence_classifier(tiny_model, tmp_path / "rm")  # a reward model needs a trained head (random would be noise)
     metrics = evaluate(tmp_path, sft_model, tiny_model, task_files["eval_prompts"],

@@ -8,7 +8,7 @@ Here the same roles are plain objects in the trainer process, with the seed's na
 - `dp_actor`: `DataParallelPPOActor` (`set_algorithm`, `compute_log_prob`, `update_policy`) and
   `DataParallelPPOCritic` (seed: `dp_actor.py`, verl's `dp_critic.py`);
 - `fsdp_checkpoint_manager`: `FSDPCheckpointManager` (`upload_state_dict`, `save_state_dict`,
-  `save_checkpoint`, `wait_on_save_thread`) over `trainer.checkpoint.CheckpointManager`, and the
+  `save_checkpoint`, `wait_on_save_thread`) over `trainer.checkpointing.checkpoint.CheckpointManager`, and the
   `CheckpointMonitor` that makes one step's actor and critic shares one atomic checkpoint;
 - `fsdp_workers`: `ActorRolloutRefWorker` and `CriticWorker`;
 - `verl_trainer`: `TorchTrainEngine`, the `TrainEngineWrapper` that composes them (seed:

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.update import NonFiniteGuard, Objective, train_step
 from trainer.asynchronous.verl.data_proto import DataProto
-from trainer.booster import Booster
 from trainer.config import OnlineStageConfig
 from trainer.online.loop import build_actor_objective, build_critic_objective, critic_metric_names, micro_batches
+from trainer.parallel.booster import Booster
 
 
 def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -10,13 +10,13 @@ the seed's names:
 - `save_state_dict(step)`: the policy alone as weight version `step` in the weights directory,
   for explorer processes (the seed's "checkpoint" sync method; `trainer.asynchronous.weights`);
 - `save_checkpoint(step, ...)`: a resumable checkpoint (model, optimizer, scheduler, RNG, loop
-  state) through `trainer.checkpoint.CheckpointManager`; `wait_on_save_thread` joins its
+  state) through `trainer.checkpointing.checkpoint.CheckpointManager`; `wait_on_save_thread` joins its
   background write.
 
 The seed's `CheckpointMonitor` marks a step "latest" only once every worker's save threads for it
 have finished. Here each worker registers its parts for a step and the monitor writes them as one
 `step-N` directory when the last role has registered, so the atomic-checkpoint rule of
-`trainer.checkpoint` holds for actor and critic together, and a run can resume from the result in
+`trainer.checkpointing.checkpoint` holds for actor and critic together, and a run can resume from the result in
 either mode.
 """
 
@@ -29,9 +29,9 @@ import torch
 
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import publish_weights
-from trainer.booster import Booster
-from trainer.checkpoint import CheckpointManager, ModelParts, copy_tensors
-from trainer.context import check_finite
+from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts, copy_tensors
+from trainer.lifecycle.context import check_finite
+from trainer.parallel.booster import Booster
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.dp_actor import DataParallelPPOActor, DataParallelPPOCritic
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor, FSDPCheckpointManager
 from trainer.config import OnlineStageConfig, PPOConfig
-from trainer.context import RunContext
 from trainer.errors import ConfigError
-from trainer.models import load_causal_lm, load_frozen
+from trainer.lifecycle.context import RunContext
+from trainer.modeling.models import load_causal_lm, load_frozen
 from trainer.online.stages import boost_critic, boost_model_parts, load_critic_model, load_ptx_batches
 
 

@@ -43,10 +43,17 @@ from trainer.asynchronous.verl.data_proto import DataProto, compute_data_metrics
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
 from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from trainer.asynchronous.weights import weights_dir
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpointing.checkpoint import CheckpointManager
 from trainer.config import OnlineStageConfig, PPOConfig
-from trainer.context import build_context, close_context, finish_stage, open_outputs, resume_latest, seed_everything
 from trainer.errors import CheckpointError, ConfigError
+from trainer.lifecycle.context import (
+    build_context,
+    close_context,
+    finish_stage,
+    open_outputs,
+    resume_latest,
+    seed_everything,
+)
 from trainer.online.experience import Experience
 from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages
 from trainer.tracking.tracker import Tracker
@@ -238,7 +245,7 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def close(self) -> None:
         """Wait for a background checkpoint write, then end tracking and release the run's lease
-        (`trainer.context.close_context`), whatever `prepare` got to."""
+        (`trainer.lifecycle.context.close_context`), whatever `prepare` got to."""
         try:
             if hasattr(self, "actor_rollout_wg"):
                 self.actor_rollout_wg.wait_on_save_thread()

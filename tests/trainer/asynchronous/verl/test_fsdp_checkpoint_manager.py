@@ -9,8 +9,8 @@ from torch import nn
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor, FSDPCheckpointManager
 from trainer.asynchronous.weights import latest_version, load_version
-from trainer.booster import Booster, SinglePlugin
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpointing.checkpoint import CheckpointManager
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 
 

@@ -8,9 +8,9 @@ from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
 from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, CriticWorker
-from trainer.checkpoint import CheckpointManager
-from trainer.context import build_context
+from trainer.checkpointing.checkpoint import CheckpointManager
 from trainer.errors import ConfigError
+from trainer.lifecycle.context import build_context
 from trainer.online.experience import Experience
 from trainer.online.loop import compute_advantages
 

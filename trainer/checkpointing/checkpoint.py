@@ -19,7 +19,7 @@ whose files do not match its manifest (truncated, missing) is skipped by `comple
 in favour of the previous complete one. A background save that fails is reported in one line and
 written again at the next save; a blocking save that fails names the last durable checkpoint.
 
-Checkpoints sit where others can write, so resuming unpickles nothing (see `trainer.serialization`):
+Checkpoints sit where others can write, so resuming unpickles nothing (see `trainer.checkpointing.serialization`):
 the state dicts are read with `torch.load(weights_only=True)`, the rest as safetensors and JSON, and
 a file that is not what its name says is a `CheckpointError` naming it.
 """
@@ -41,11 +41,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.booster import Booster
+from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors, refusing_pickled_objects
 from trainer.errors import CheckpointError, StorageError
 from trainer.jsonio import dumps
+from trainer.parallel.booster import Booster
 from trainer.runtime import barrier
-from trainer.serialization import dump_tensors, load_json, load_tensors, refusing_pickled_objects
 from trainer.storage import get_storage, join_uri
 from trainer.storage.base import is_remote
 from trainer.storage.transfer import download_prefix, upload_dir

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trainer.errors import LeaseError
-from trainer.lease import LEASE_FILE, Lease
+from trainer.lifecycle.lease import LEASE_FILE, Lease
 
 
 def test_a_live_lease_refuses_a_second_run_naming_the_holder(tmp_path):

@@ -2,7 +2,7 @@
 
 `build_context` sets up the process group, plugin, booster, tokenizer and local work directory,
 and vets `output_dir` before anything loads (a live lease, a finished run, a foreign checkpoint:
-see `trainer.resume`); `open_outputs` takes the lease, records the config and starts tracking once
+see `trainer.lifecycle.resume`); `open_outputs` takes the lease, records the config and starts tracking once
 inputs have loaded; `resume_latest` restores the newest usable checkpoint (falling back past a
 damaged one) and the metric history up to it; `finish_stage` refuses a non-finite model, exports
 the trained model(s), writes `final_metrics.json` and publishes everything to a remote
@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import preemption
-from trainer.booster import Booster, Plugin, build_booster, make_plugin, unwrap_model
-from trainer.checkpoint import CheckpointManager, one_line
+from trainer.checkpointing.checkpoint import CheckpointManager, one_line
 from trainer.config import STAGE_CONFIGS, StageConfig, as_dict, dump_config
 from trainer.errors import AlignflowError, CheckpointError, ConfigError, TrainingError
 from trainer.jsonio import dumps
-from trainer.lease import Lease
-from trainer.models import export_model, load_tokenizer
-from trainer.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
+from trainer.lifecycle import preemption
+from trainer.lifecycle.lease import Lease
+from trainer.lifecycle.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
+from trainer.modeling.models import export_model, load_tokenizer
+from trainer.parallel.booster import Booster, Plugin, build_booster, make_plugin, unwrap_model
 from trainer.runtime import (
     DistributedEnv,
     all_reduce_sum,
@@ -71,7 +71,7 @@ class RunContext:
     output_dir: Path
     """Local working directory: `config.output_dir` itself, or a cache folder when that is remote."""
     resume_from: list[str] = field(default_factory=list)
-    """Complete checkpoints of this run to resume from, newest first (see `trainer.resume`)."""
+    """Complete checkpoints of this run to resume from, newest first (see `trainer.lifecycle.resume`)."""
     manifest: dict[str, Any] = field(default_factory=dict)
     """The newest checkpoint's manifest (its MLflow run id is continued)."""
     lease: Lease | None = None
@@ -136,7 +136,7 @@ def build_context(config: StageConfig) -> RunContext:
 
 
 def _vet(config: StageConfig, booster: Booster) -> tuple[list[str], dict[str, Any]]:
-    """Fail at once if a live run holds `output_dir`; else what `trainer.resume.vet_output_dir` decides."""
+    """Fail at once if a live run holds `output_dir`; else what `trainer.lifecycle.resume.vet_output_dir` decides."""
     output_uri = config.output_dir.rstrip("/")
     Lease(output_uri, config.checkpoint.lease_timeout_seconds).check_free()
     checkpoints = CheckpointManager(join_uri(output_uri, "checkpoints"), booster)

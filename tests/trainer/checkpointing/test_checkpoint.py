@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-from trainer.booster import Booster, SinglePlugin
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
+from trainer.parallel.booster import Booster, SinglePlugin
 from trainer.runtime import DistributedEnv
 from trainer.supervised.stages import run_stage
 
@@ -101,7 +101,12 @@ def test_rng_state_round_trips_through_its_safetensors_file_exactly():
 
     import numpy as np
 
-    from trainer.checkpoint import capture_rng_state, decode_rng_state, encode_rng_state, restore_rng_state
+    from trainer.checkpointing.checkpoint import (
+        capture_rng_state,
+        decode_rng_state,
+        encode_rng_state,
+        restore_rng_state,
+    )
 
     random.gauss(0, 1), np.random.standard_normal()  # cached gaussians are part of the state
     payload = encode_rng_state(capture_rng_state())

@@ -1,4 +1,4 @@
-"""Tests of `trainer.models`: LoRA training and merged export, gradient checkpointing, the value model.
+"""Tests of `trainer.modeling.models`: LoRA training and merged export, gradient checkpointing, the value model.
 
 Everything runs on the session's tiny Llama (`tests/conftest.py`), on CPU, in a few seconds.
 """
@@ -15,7 +15,7 @@ from trainer.config import LoraConfig, ModelConfig, build_config
 from trainer.data.collate import pack_sft
 from trainer.data.dataset import load_sft_dataset
 from trainer.errors import ConfigError
-from trainer.models import (
+from trainer.modeling.models import (
     VALUE_HEAD_FILE,
     VALUE_HEAD_MARKER,
     export_model,

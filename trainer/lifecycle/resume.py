@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
+from trainer.checkpointing.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
 from trainer.config import StageConfig, as_dict
 from trainer.errors import CheckpointError, ConfigError, RunFinished
 from trainer.storage import get_storage, is_remote, join_uri

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import preemption
+from trainer.lifecycle import preemption
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_sigint_exits_130(handlers):
 
 def test_a_stop_that_outlasts_the_grace_period_exits_with_the_signal_status():
     script = ("import os, signal, time\n"
-              "from trainer import preemption\n"
+              "from trainer.lifecycle import preemption\n"
               "preemption.install(grace_seconds=1)\n"
               "os.kill(os.getpid(), signal.SIGTERM)\n"
               "time.sleep(60)  # a step or a save that never ends\n")

@@ -4,7 +4,7 @@ Models load from local directories only (`local_files_only=True`): nothing is fe
 A directory without a tokenizer or weights, or with weights that do not load, is a one-line
 `ConfigError` naming the directory (and the file when one is at fault). A reward model or critic
 keeps its trained head, from alignflow's export or a `*ForSequenceClassification` directory (see
-`trainer.value_heads`); a reward model without one is an error.
+`trainer.modeling.value_heads`); a reward model without one is an error.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from trainer import value_heads
 from trainer.compat import dtype_keyword
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
-from trainer.value_heads import find_value_head
+from trainer.modeling import value_heads
+from trainer.modeling.value_heads import find_value_head
 
 logger = logging.getLogger(__name__)
 

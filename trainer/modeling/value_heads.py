@@ -1,7 +1,7 @@
 """Finding the trained scalar head of a reward model or critic saved as a Hugging Face directory.
 
 Two layouts carry one: alignflow's own export (`value_head.safetensors` beside the backbone, see
-`trainer.models.export_model`) and Hugging Face's `*ForSequenceClassification` with one label
+`trainer.modeling.models.export_model`) and Hugging Face's `*ForSequenceClassification` with one label
 (`LlamaForSequenceClassification`, `Qwen2ForSequenceClassification`, ...), whose head is a bias-free
 linear layer named `score` (`classifier` in some architectures) stored with the backbone's weights.
 `AutoModel` loads only the backbone and drops that head, so it is read here, from the weight files

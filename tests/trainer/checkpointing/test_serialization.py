@@ -1,12 +1,12 @@
-"""Tests for `trainer.serialization`: the pickle-free formats of files read back from shared storage."""
+"""Tests for `trainer.checkpointing.serialization`: the pickle-free formats of files read back from shared storage."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors
 from trainer.errors import CheckpointError, DataError
-from trainer.serialization import dump_tensors, load_json, load_tensors
 
 
 def test_tensors_and_metadata_round_trip_including_tied_and_strided_tensors():

@@ -7,7 +7,7 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
-from trainer.models import load_frozen, load_value_model
+from trainer.modeling.models import load_frozen, load_value_model
 from trainer.tiny.model import build_tokenizer
 
 

@@ -7,7 +7,7 @@ booster. Plugins say where the process stands (world size, rank, device) and how
 - `SinglePlugin`: one process, CPU or one GPU.
 - `DDPPlugin`: `DistributedDataParallel`; gloo on CPU, nccl on GPU.
 - `FSDP2Plugin`: `torch.distributed.fsdp.fully_shard` per decoder layer and at the root.
-- `ColossalAIPlugin` (`trainer.colossalai_booster`, the `colossalai` extra): model, optimizer,
+- `ColossalAIPlugin` (`trainer.parallel.colossalai_booster`, the `colossalai` extra): model, optimizer,
   backward, step and checkpoints go through ColossalAI's own `Booster` and one of its plugins
   (TorchDDP, LowLevelZero, Gemini, HybridParallel); `build_booster` picks its `ColossalAIBooster`.
 
@@ -124,7 +124,7 @@ def make_plugin(parallel: ParallelConfig, env: DistributedEnv, device: torch.dev
             optimizer step, so they need it when they are built.
 
     Returns:
-        The plugin; `colossalai` imports ColossalAI (`trainer.colossalai_booster`) only then.
+        The plugin; `colossalai` imports ColossalAI (`trainer.parallel.colossalai_booster`) only then.
     """
     name = parallel.plugin
     if name == "auto":
@@ -132,7 +132,7 @@ def make_plugin(parallel: ParallelConfig, env: DistributedEnv, device: torch.dev
     if name == "single" and env.is_distributed:
         raise ConfigError(f"parallel.plugin is 'single' but WORLD_SIZE is {env.world_size}; use ddp or fsdp2")
     if name == "colossalai":
-        from trainer.colossalai_booster import ColossalAIPlugin
+        from trainer.parallel.colossalai_booster import ColossalAIPlugin
 
         return ColossalAIPlugin(env, device, parallel.colossalai_options, max_grad_norm)
     return PLUGINS[name](env, device)

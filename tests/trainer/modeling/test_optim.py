@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import OptimizerConfig
-from trainer.optim import build_optimizer, lr_multiplier
+from trainer.modeling.optim import build_optimizer, lr_multiplier
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -18,7 +18,7 @@ handed to `CheckpointManager` as a full state dict, so the model weights are the
 any plugin loads. The optimizer state is ColossalAI's (keyed by parameter index): it resumes under
 any ColossalAI plugin and world size, but not under `ddp`/`fsdp2`, whose files are keyed by name.
 Loading reads the stored file with `torch.load(weights_only=True)` (nothing from shared storage is
-unpickled, see `trainer.serialization`) and gives ColossalAI a copy written to a private scratch file.
+unpickled, see `trainer.checkpointing.serialization`) and gives ColossalAI a copy written to a private scratch file.
 
 Pipeline parallelism is left out on purpose: ColossalAI's pipeline schedule (`execute_pipeline`)
 replaces the single model call that every objective in `trainer/algorithms/` makes.
@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.booster import Booster, Plugin
 from trainer.config import ColossalAIConfig
 from trainer.errors import ConfigError
+from trainer.parallel.booster import Booster, Plugin
 from trainer.runtime import DistributedEnv
 
 
