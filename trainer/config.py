@@ -281,7 +281,7 @@ class SupervisedStageConfig(StageConfig):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Epochs, steps, batch sizes, seed and precision.")
 
 
-class SFTOptions(Section):
+class SFTAlgorithmConfig(Section):
     packing: bool | None = Field(
         None, validate_default=True,
         description="Pack each micro-batch into padding-free rows of whole samples, each row at most as long as its "
@@ -304,20 +304,20 @@ class SFTOptions(Section):
 
 
 class SFTConfig(SupervisedStageConfig):
-    sft: SFTOptions = Field(default_factory=SFTOptions, description="Supervised fine-tuning options.")
+    sft: SFTAlgorithmConfig = Field(default_factory=SFTAlgorithmConfig, description="Supervised fine-tuning options.")
 
 
-class RewardOptions(Section):
+class RewardAlgorithmConfig(Section):
     use_margin: bool = Field(
         True, description="Subtract a row's `margin` field inside the Bradley-Terry loss when the data has one."
     )
 
 
 class RewardConfig(SupervisedStageConfig):
-    rm: RewardOptions = Field(default_factory=RewardOptions, description="Reward model options.")
+    rm: RewardAlgorithmConfig = Field(default_factory=RewardAlgorithmConfig, description="Reward model options.")
 
 
-class DPOOptions(Section):
+class DPOAlgorithmConfig(Section):
     beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
     loss_type: Literal["sigmoid", "ipo", "simpo"] = Field(
         "sigmoid", description="`sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free)."
@@ -337,7 +337,7 @@ class DPOOptions(Section):
     ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> DPOOptions:
+    def _check_combinations(self) -> DPOAlgorithmConfig:
         if self.label_smoothing > 0 and self.loss_type != "sigmoid":
             raise ValueError(
                 f"label_smoothing is {self.label_smoothing} but loss_type is {self.loss_type!r}; "
@@ -347,7 +347,7 @@ class DPOOptions(Section):
 
 
 class DPOConfig(SupervisedStageConfig):
-    dpo: DPOOptions = Field(default_factory=DPOOptions, description="DPO loss options.")
+    dpo: DPOAlgorithmConfig = Field(default_factory=DPOAlgorithmConfig, description="DPO loss options.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,7 +355,7 @@ class DPOConfig(SupervisedStageConfig):
 # actor and critic alike.
 
 
-class GenerationOptions(Section):
+class GenerationConfig(Section):
     max_new_tokens: int = Field(32, gt=0, description="Longest response in tokens.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy decoding.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables it.")
@@ -383,7 +383,7 @@ class RewardSourceConfig(Section):
         return self
 
 
-class OnlineOptions(Section):
+class OnlineAlgorithmConfig(Section):
     num_episodes: int = Field(10, gt=0, description="Collect-then-learn rounds.")
     num_collect_steps: int = Field(1, gt=0, description="Prompt batches collected per episode.")
     rollout_batch_size: int = Field(16, gt=0, description="Prompts per rank per collect step.")
@@ -391,7 +391,7 @@ class OnlineOptions(Section):
     mini_batch_size: int = Field(16, gt=0, description="Sequences per rank per optimizer step.")
 
 
-class PPOOptions(OnlineOptions):
+class PPOAlgorithmConfig(OnlineAlgorithmConfig):
     kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL penalty in the reward (initial value if adaptive).")
     kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
     target_kl: float | None = Field(None, gt=0, description="Adapt kl_coef towards this KL per sequence; null keeps it fixed.")
@@ -410,13 +410,13 @@ class PPOOptions(OnlineOptions):
     critic_model_path: str | None = Field(None, description="Critic init; null uses reward.model_path, else model.path.")
 
     @model_validator(mode="after")
-    def _check_ptx(self) -> PPOOptions:
+    def _check_ptx(self) -> PPOAlgorithmConfig:
         if self.ptx_coef > 0 and self.ptx_data_path is None:
             raise ValueError(f"ptx_coef is {self.ptx_coef} but ptx_data_path is not set")
         return self
 
 
-class GRPOOptions(OnlineOptions):
+class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
     num_generations: int = Field(4, ge=2, description="Responses sampled per prompt (the group size).")
     beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the reference inside the loss.")
     epsilon: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
@@ -426,7 +426,7 @@ class GRPOOptions(OnlineOptions):
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std.")
 
 
-class AsyncOptions(Section):
+class AsynchronousConfig(Section):
     buffer_dir: str | None = Field(
         None, description="Experience buffer, a local directory or s3:// prefix; null uses `<output_dir>/buffer`."
     )
@@ -451,7 +451,7 @@ class AsyncOptions(Section):
     )
 
     @model_validator(mode="after")
-    def _check_staleness(self) -> AsyncOptions:
+    def _check_staleness(self) -> AsynchronousConfig:
         produced = self.sync_offset + self.sync_interval - 1
         if self.max_staleness is not None and self.max_staleness < produced:
             raise ValueError(f"max_staleness is {self.max_staleness} but sync_offset {self.sync_offset} and "
@@ -469,14 +469,14 @@ class OnlineStageConfig(StageConfig):
     train: OnlineTrainConfig = Field(default_factory=OnlineTrainConfig, description="Batch size, seed and precision.")
     checkpoint: OnlineCheckpointConfig = Field(default_factory=OnlineCheckpointConfig,
                                                description="Saving (per episode) and resuming.")
-    generation: GenerationOptions = Field(default_factory=GenerationOptions, description="Sampling of responses.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling of responses.")
     reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
-    asynchronous: AsyncOptions = Field(default_factory=AsyncOptions,
+    asynchronous: AsynchronousConfig = Field(default_factory=AsynchronousConfig,
                                        description="The experience-driven Trainer and explorer (modes train/explore/both).")
 
 
     @property
-    def algorithm(self) -> OnlineOptions:
+    def algorithm(self) -> OnlineAlgorithmConfig:
         """The stage's own section (`ppo` or `grpo`)."""
         raise NotImplementedError
 
@@ -487,18 +487,18 @@ class OnlineStageConfig(StageConfig):
 
 
 class PPOConfig(OnlineStageConfig):
-    ppo: PPOOptions = Field(default_factory=PPOOptions, description="PPO options.")
+    ppo: PPOAlgorithmConfig = Field(default_factory=PPOAlgorithmConfig, description="PPO options.")
 
     @property
-    def algorithm(self) -> PPOOptions:
+    def algorithm(self) -> PPOAlgorithmConfig:
         return self.ppo
 
 
 class GRPOConfig(OnlineStageConfig):
-    grpo: GRPOOptions = Field(default_factory=GRPOOptions, description="GRPO options.")
+    grpo: GRPOAlgorithmConfig = Field(default_factory=GRPOAlgorithmConfig, description="GRPO options.")
 
     @property
-    def algorithm(self) -> GRPOOptions:
+    def algorithm(self) -> GRPOAlgorithmConfig:
         return self.grpo
 
     @property
@@ -534,8 +534,8 @@ class EvaluateConfig(Section):
     baseline_path: str | None = Field(None, description="The model to beat (local or URI); null scores the candidate only.")
     prompts_path: str = Field(description="Held-out prompt rows (`prompt`, `answer`) as JSONL or Parquet; local or URI.")
     reward: EvaluationRewardConfig = Field(description="How responses are scored.")
-    generation: GenerationOptions = Field(
-        default_factory=lambda: GenerationOptions(temperature=0.0),
+    generation: GenerationConfig = Field(
+        default_factory=lambda: GenerationConfig(temperature=0.0),
         description="Decoding; the default is greedy (temperature 0) so scores are repeatable.",
     )
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")

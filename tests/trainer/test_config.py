@@ -10,8 +10,8 @@ import pytest
 
 from trainer.config import (
     STAGE_CONFIGS,
+    DPOAlgorithmConfig,
     DPOConfig,
-    DPOOptions,
     OptimizerConfig,
     Section,
     TrainConfig,
@@ -230,7 +230,7 @@ def test_defaults_fill_every_section_left_out(tmp_path):
     assert config.data.max_length == 512
     assert config.data.eval_path is None
     assert config.model.lora is None
-    assert config.dpo == DPOOptions(beta=0.1)
+    assert config.dpo == DPOAlgorithmConfig(beta=0.1)
     assert config.parallel.plugin == "auto"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import EvaluateConfig, GenerationOptions, ModelConfig
+from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
@@ -30,7 +30,7 @@ SAMPLES_KEPT = 10
 
 
 @torch.no_grad()
-def mean_score(model: nn.Module, tokenizer: Any, rows: list[dict], generation: GenerationOptions,
+def mean_score(model: nn.Module, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
                device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
                batch_size: int = 64) -> tuple[list[float], list[ScoredRollout]]:
     """Mean score of `model`'s responses to `rows` under each scorer; this rank's rows are `rows[rank::world_size]`.

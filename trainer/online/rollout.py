@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trainer.config import GenerationOptions
+from trainer.config import GenerationConfig
 from trainer.data.tokenize import encode_prompt
 from trainer.parallel.booster import unwrap_model
 
 
-def stop_token_ids(tokenizer: Any, options: GenerationOptions) -> list[int]:
+def stop_token_ids(tokenizer: Any, options: GenerationConfig) -> list[int]:
     """EOS plus the configured stop strings, each of which must be a single token."""
     from trainer.errors import ConfigError
 
@@ -44,7 +44,7 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationOptions,
+def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
              device: torch.device) -> dict[str, Tensor]:
     """Sample one response per prompt.
 
@@ -107,7 +107,7 @@ class ScoredRollout:
 
 
 @torch.no_grad()
-def generate_and_score(model: nn.Module, tokenizer: Any, rows: list[dict], options: GenerationOptions,
+def generate_and_score(model: nn.Module, tokenizer: Any, rows: list[dict], options: GenerationConfig,
                        device: torch.device, scorer: Any) -> ScoredRollout:
     """Generate one response per row (`prompt`, optional `answer`), decode it and score it.
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.trainer.asynchronous.test_buffer import make_experience
 from trainer.asynchronous.staleness import importance_correction, is_too_stale, staleness_metrics
-from trainer.config import AsyncOptions
+from trainer.config import AsynchronousConfig
 
 
 def test_a_batch_beyond_max_staleness_is_too_stale_and_one_at_the_limit_is_not():
@@ -46,10 +46,10 @@ def test_no_correction_without_behaviour_log_probs():
 
 
 def test_default_staleness_limit_is_what_the_explorer_protocol_produces():
-    assert AsyncOptions(sync_interval=2, sync_offset=1).staleness_limit == 2
-    assert AsyncOptions(sync_interval=2, sync_offset=1, max_staleness=5).staleness_limit == 5
+    assert AsynchronousConfig(sync_interval=2, sync_offset=1).staleness_limit == 2
+    assert AsynchronousConfig(sync_interval=2, sync_offset=1, max_staleness=5).staleness_limit == 5
 
 
 def test_a_max_staleness_below_what_the_explorer_produces_is_a_config_error():
     with pytest.raises(ValueError, match="max_staleness is 1 but sync_offset 1 and sync_interval 2"):
-        AsyncOptions(sync_interval=2, sync_offset=1, max_staleness=1)
+        AsynchronousConfig(sync_interval=2, sync_offset=1, max_staleness=1)
