@@ -1,0 +1,310 @@
+"""One config class per stage (sft, rm, dpo, ppo, grpo) and for `evaluate`, built from the shared sections.
+
+Supervised stages (sft, rm, dpo) and online stages (ppo, grpo) share the sections that mean the
+same thing in both; each has its own `train` (and online its own `checkpoint`) section, so every
+accepted key does something in the stage that accepts it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trainer.config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OnlineCheckpointConfig,
+    OnlineTrainConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    RunLoopConfig,
+    Section,
+    TrackingConfig,
+    TrainConfig,
+)
+
+
+class StageConfig(Section):
+    output_dir: str = Field(
+        description="Local directory or s3:// URI for checkpoints, metrics and the final HF model (`<output_dir>/model`)."
+    )
+    export_dir: str | None = Field(
+        None, description="Where the final HF model goes (local or s3://); null uses `<output_dir>/model`."
+    )
+    model: ModelConfig
+    data: DataConfig
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and schedule.")
+    train: RunLoopConfig = Field(default_factory=RunLoopConfig, description="Loop sizes, seed and precision.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Saving and resuming.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Distribution across processes.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracking (MLflow).")
+
+
+class SupervisedStageConfig(StageConfig):
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Epochs, steps, batch sizes, seed and precision.")
+
+
+class SFTAlgorithmConfig(Section):
+    packing: bool | None = Field(
+        None, validate_default=True,
+        description="Pack each micro-batch into padding-free rows of whole samples, each row at most as long as its "
+        "longest sample (attention is quadratic in the row); samples never attend to each other. "
+        "Needs transformers>=4.56; null (the default) packs where the installed transformers can and pads "
+        "elsewhere (the ColossalAI variant); true with an older transformers is an error.",
+    )
+
+    @field_validator("packing", mode="after")
+    @classmethod
+    def _resolve_packing(cls, packing: bool | None) -> bool:
+        from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
+
+        if packing is None:
+            return has_at_least("transformers", PACKING_TRANSFORMERS)
+        problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
+        if packing and problem:
+            raise ValueError(f"false or null here: padding-free packing {problem}")
+        return packing
+
+
+class SFTConfig(SupervisedStageConfig):
+    sft: SFTAlgorithmConfig = Field(default_factory=SFTAlgorithmConfig, description="Supervised fine-tuning options.")
+
+
+class RewardAlgorithmConfig(Section):
+    use_margin: bool = Field(
+        True, description="Subtract a row's `margin` field inside the Bradley-Terry loss when the data has one."
+    )
+
+
+class RewardConfig(SupervisedStageConfig):
+    rm: RewardAlgorithmConfig = Field(default_factory=RewardAlgorithmConfig, description="Reward model options.")
+
+
+class DPOAlgorithmConfig(Section):
+    beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
+    loss_type: Literal["sigmoid", "ipo", "simpo"] = Field(
+        "sigmoid", description="`sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Assumed fraction of flipped labels (conservative DPO); sigmoid loss only."
+    )
+    simpo_gamma: float = Field(0.5, ge=0, description="Target reward margin of SimPO (gamma / beta in the paper).")
+    rpo_alpha: float | None = Field(
+        None, ge=0, description="Weight of the chosen response's per-token NLL added to the loss (alpha of DPO+NLL, "
+        "Pang et al. 2024; TRL's rpo_alpha; the paper uses 1.0); null adds none. Works with every loss_type."
+    )
+    reference_free: bool = Field(False, description="Use a uniform reference (log-prob 0) instead of a reference model.")
+    precompute_ref_log_probs: bool = Field(
+        False, description="Compute reference log-probs once before training and free the reference model."
+    )
+    ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> DPOAlgorithmConfig:
+        if self.label_smoothing > 0 and self.loss_type != "sigmoid":
+            raise ValueError(
+                f"label_smoothing is {self.label_smoothing} but loss_type is {self.loss_type!r}; "
+                "label smoothing applies to the sigmoid loss only"
+            )
+        return self
+
+
+class DPOConfig(SupervisedStageConfig):
+    dpo: DPOAlgorithmConfig = Field(default_factory=DPOAlgorithmConfig, description="DPO loss options.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Online stages (PPO, GRPO). `data.train_path` holds prompt rows; `optimizer.max_grad_norm` clips
+# actor and critic alike.
+
+
+class GenerationConfig(Section):
+    max_new_tokens: int = Field(32, gt=0, description="Longest response in tokens.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy decoding.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables it.")
+    top_k: int = Field(0, ge=0, description="Sample among the k likeliest tokens; 0 disables it.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop tokens (each one token); EOS always stops.")
+
+
+class RewardSourceConfig(Section):
+    model_path: str | None = Field(None, description="Reward model directory (the `rm` stage's `<output_dir>/model`).")
+    function: str | None = Field(
+        None, description="Reward function by allowed name (built-in `tiny_addition`, or one the platform registers: "
+        "`alignflow.rewards` entry points, ALIGNFLOW_REWARD_FUNCTIONS), or `module:function` under a module prefix in "
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES; anything else is refused. Called as f(prompt, completion, answer) -> float "
+        "(or batched, TRL-style, when the function sets `alignflow_batched`)."
+    )
+    timeout_seconds: float = Field(
+        30.0, gt=0, description="Seconds one reward-function call may take (a batched call: the whole batch); "
+        "a call past it fails the run, naming the function and the row."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RewardSourceConfig:
+        if (self.model_path is None) == (self.function is None):
+            raise ValueError(f"set exactly one of model_path ({self.model_path!r}) and function ({self.function!r})")
+        return self
+
+
+class OnlineAlgorithmConfig(Section):
+    num_episodes: int = Field(10, gt=0, description="Collect-then-learn rounds.")
+    num_collect_steps: int = Field(1, gt=0, description="Prompt batches collected per episode.")
+    rollout_batch_size: int = Field(16, gt=0, description="Prompts per rank per collect step.")
+    num_update_epochs: int = Field(1, gt=0, description="Passes over an episode's experience (PPO epochs).")
+    mini_batch_size: int = Field(16, gt=0, description="Sequences per rank per optimizer step.")
+
+
+class PPOAlgorithmConfig(OnlineAlgorithmConfig):
+    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL penalty in the reward (initial value if adaptive).")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
+    target_kl: float | None = Field(None, gt=0, description="Adapt kl_coef towards this KL per sequence; null keeps it fixed.")
+    kl_horizon: int = Field(10000, gt=0, description="Samples over which the adaptive controller corrects.")
+    cliprange: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
+    cliprange_value: float = Field(0.2, gt=0, description="Value clip range around the old values.")
+    vf_coef: float = Field(0.5, gt=0, description="Weight of the value loss.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount over response tokens.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    whiten_advantages: bool = Field(True, description="Normalise advantages over the batch.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of the pretraining (SFT) loss on `ptx_data_path`.")
+    ptx_data_path: str | None = Field(None, description="SFT-schema data for the ptx loss.")
+    reward_clip: float | None = Field(None, gt=0, description="Clip sequence scores to [-reward_clip, reward_clip].")
+    critic_lr: float = Field(1e-5, gt=0, description="Peak learning rate of the critic.")
+    critic_model_path: str | None = Field(None, description="Critic init; null uses reward.model_path, else model.path.")
+
+    @model_validator(mode="after")
+    def _check_ptx(self) -> PPOAlgorithmConfig:
+        if self.ptx_coef > 0 and self.ptx_data_path is None:
+            raise ValueError(f"ptx_coef is {self.ptx_coef} but ptx_data_path is not set")
+        return self
+
+
+class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
+    num_generations: int = Field(4, ge=2, description="Responses sampled per prompt (the group size).")
+    beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the reference inside the loss.")
+    epsilon: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token", description="Average over all response tokens, or per response then over responses."
+    )
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std.")
+
+
+class AsynchronousConfig(Section):
+    buffer_dir: str | None = Field(
+        None, description="Experience buffer, a local directory or s3:// prefix; null uses `<output_dir>/buffer`."
+    )
+    weights_dir: str | None = Field(
+        None, description="Published weight versions, local or s3://; null uses `<output_dir>/weights`."
+    )
+    total_steps: int = Field(20, gt=0, description="Trainer steps before the run ends.")
+    sync_interval: int = Field(1, gt=0, description="Publish weights every this many trainer steps.")
+    sync_offset: int = Field(0, ge=0, description="Explorer may run this many versions ahead of the weights it uses.")
+    save_interval: int = Field(0, ge=0, description="Checkpoint every this many trainer steps; 0 only at the end.")
+    wait_timeout: float = Field(300.0, gt=0, description="Seconds to wait for experience or weights before failing.")
+    max_staleness: int | None = Field(
+        None, ge=0,
+        description="Reject (and count as `staleness/rejected`) experience batches generated more than this many weight "
+                    "versions before the trainer's current one; null allows sync_offset + sync_interval - 1, the most "
+                    "the explorer's protocol produces. Must be at least that.",
+    )
+    importance_sampling_cap: float = Field(
+        2.0, ge=1,
+        description="Truncation of the per-token importance weight pi_trainer / pi_explorer that corrects stale "
+                    "experience (truncated importance sampling; V-trace's rho-bar). >= 1; 1 never up-weights a token.",
+    )
+
+    @model_validator(mode="after")
+    def _check_staleness(self) -> AsynchronousConfig:
+        produced = self.sync_offset + self.sync_interval - 1
+        if self.max_staleness is not None and self.max_staleness < produced:
+            raise ValueError(f"max_staleness is {self.max_staleness} but sync_offset {self.sync_offset} and "
+                             f"sync_interval {self.sync_interval} let the explorer produce batches {produced} versions "
+                             "old; they would all be rejected")
+        return self
+
+    @property
+    def staleness_limit(self) -> int:
+        """`max_staleness`, or the most the explorer's protocol produces when it is null."""
+        return self.max_staleness if self.max_staleness is not None else self.sync_offset + self.sync_interval - 1
+
+
+class OnlineStageConfig(StageConfig):
+    train: OnlineTrainConfig = Field(default_factory=OnlineTrainConfig, description="Batch size, seed and precision.")
+    checkpoint: OnlineCheckpointConfig = Field(default_factory=OnlineCheckpointConfig,
+                                               description="Saving (per episode) and resuming.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling of responses.")
+    reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
+    asynchronous: AsynchronousConfig = Field(default_factory=AsynchronousConfig,
+                                       description="The experience-driven Trainer and explorer (modes train/explore/both).")
+
+
+    @property
+    def algorithm(self) -> OnlineAlgorithmConfig:
+        """The stage's own section (`ppo` or `grpo`)."""
+        raise NotImplementedError
+
+    @property
+    def num_generations(self) -> int:
+        """Responses sampled per prompt: GRPO's group size, 1 for PPO."""
+        return 1
+
+
+class PPOConfig(OnlineStageConfig):
+    ppo: PPOAlgorithmConfig = Field(default_factory=PPOAlgorithmConfig, description="PPO options.")
+
+    @property
+    def algorithm(self) -> PPOAlgorithmConfig:
+        return self.ppo
+
+
+class GRPOConfig(OnlineStageConfig):
+    grpo: GRPOAlgorithmConfig = Field(default_factory=GRPOAlgorithmConfig, description="GRPO options.")
+
+    @property
+    def algorithm(self) -> GRPOAlgorithmConfig:
+        return self.grpo
+
+    @property
+    def num_generations(self) -> int:
+        return self.grpo.num_generations
+
+
+STAGE_CONFIGS: dict[str, type[StageConfig]] = {
+    "sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: greedy responses of a candidate and a baseline on held-out prompts, scored.
+
+
+class EvaluationRewardConfig(Section):
+    function: str | None = Field(
+        None, description="Reward function by registered name, called as f(prompt, completion, answer) -> float."
+    )
+    model_path: str | None = Field(None, description="Reward model directory whose mean score is reported too.")
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> EvaluationRewardConfig:
+        if self.function is None and self.model_path is None:
+            raise ValueError("set function, model_path or both")
+        return self
+
+
+class EvaluateConfig(Section):
+    output_dir: str = Field(description="Where final_metrics.json and samples.jsonl go: a local directory or URI.")
+    model: ModelConfig = Field(description="The candidate model.")
+    baseline_path: str | None = Field(None, description="The model to beat (local or URI); null scores the candidate only.")
+    prompts_path: str = Field(description="Held-out prompt rows (`prompt`, `answer`) as JSONL or Parquet; local or URI.")
+    reward: EvaluationRewardConfig = Field(description="How responses are scored.")
+    generation: GenerationConfig = Field(
+        default_factory=lambda: GenerationConfig(temperature=0.0),
+        description="Decoding; the default is greedy (temperature 0) so scores are repeatable.",
+    )
+    batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+
+
+# Every config `python -m trainer <command>` reads.
+COMMAND_CONFIGS: dict[str, type[Section]] = {**STAGE_CONFIGS, "evaluate": EvaluateConfig}
