@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, masked_mean
+from trainer.algorithms.common import LossOutput, masked_mean, token_logps
 
 
 def kl_estimate(logps: Tensor, ref_logps: Tensor, estimator: str = "k1") -> Tensor:
@@ -154,13 +154,12 @@ def response_logps(model: nn.Module, batch: dict[str, Tensor], *, with_entropy: 
     """
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    position_ids=batch.get("position_ids"), use_cache=False).logits
-    logits = logits[:, :-1].float()  # (B, T-1, V) predicts tokens 1..T-1
-    targets = batch["input_ids"][:, 1:]  # (B, T-1)
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    # Every token of a sampled sequence is its own label: the one log-prob gather of the project.
+    picked, _ = token_logps(logits, batch["input_ids"])  # (B, T-1) scores tokens 1..T-1
     logps = torch.nn.functional.pad(picked, (1, 0))  # (B, T)
     if not with_entropy:
         return logps
-    return logps, torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
+    return logps, torch.nn.functional.pad(entropy_from_logits(logits[:, :-1].float()), (1, 0))
 
 
 def response_values(critic: nn.Module, batch: dict[str, Tensor]) -> Tensor:
