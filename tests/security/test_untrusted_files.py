@@ -83,7 +83,7 @@ def test_latest_pointer_out_of_the_checkpoint_root_is_refused(tmp_path):
     manager, _, _ = saved_checkpoint(tmp_path / "run" / "checkpoints")
     saved_checkpoint(tmp_path / "other-run" / "checkpoints")
     (tmp_path / "run" / "checkpoints" / "latest").write_text("../../other-run/checkpoints/step-00000003")
-    with pytest.raises(CheckpointError, match=r"latest holds '\.\./\.\./other-run.*expected a checkpoint name"):
+    with pytest.raises(CheckpointError, match=r"latest holds '\.\./\.\./other-run.*expected the name of an entry"):
         manager.latest()
 
 
@@ -136,6 +136,6 @@ def test_crafted_weight_version_is_an_error_naming_it(tmp_path, marker):
 
 def test_weights_pointer_to_a_file_outside_the_directory_is_refused(tmp_path):
     publish_weights(tmp_path / "weights", {"w": torch.zeros(2)}, 0)
-    (tmp_path / "weights" / "LATEST").write_text('{"version": 1, "file": "../elsewhere.pt"}')
-    with pytest.raises(CheckpointError, match=r"LATEST: expected .*found .*elsewhere\.pt"):
+    (tmp_path / "weights" / "LATEST").write_text("../elsewhere.pt")
+    with pytest.raises(CheckpointError, match=r"LATEST holds '\.\./elsewhere\.pt', expected the name of an entry"):
         load_version(tmp_path / "weights")

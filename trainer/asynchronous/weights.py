@@ -9,20 +9,20 @@ once it is complete.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import torch
 
-from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors
+from trainer.checkpointing.serialization import dump_tensors, load_tensors
 from trainer.config import OnlineStageConfig
 from trainer.errors import CheckpointError, WaitTimeout
 from trainer.storage import get_storage, join_uri
+from trainer.storage.pointer import read_pointer, write_pointer
 
 LATEST = "LATEST"
-VERSION_FILE = re.compile(r"version-\d{8,}\.safetensors")
+VERSION_FILE = re.compile(r"version-(\d{8,})\.safetensors")
 
 
 def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], version: int) -> str:
@@ -30,7 +30,7 @@ def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], 
     storage = get_storage(directory)
     name = f"version-{version:08d}.safetensors"
     storage.write_bytes(join_uri(directory, name), dump_tensors(state_dict))
-    storage.write_bytes(join_uri(directory, LATEST), json.dumps({"version": version, "file": name}).encode())
+    write_pointer(storage, directory, LATEST, name)
     for uri in storage.list(directory):  # readers load the newest; keep the last two
         old = uri.rsplit("/", 1)[-1]
         if VERSION_FILE.fullmatch(old) and old < f"version-{version - 1:08d}.safetensors":
@@ -39,15 +39,11 @@ def publish_weights(directory: str | Path, state_dict: dict[str, torch.Tensor], 
 
 
 def _read_latest(directory: str | Path) -> dict | None:
-    storage = get_storage(directory)
-    pointer = join_uri(directory, LATEST)
-    if not storage.exists(pointer):
+    """The newest version as {"version": N, "file": name}, None when none is published."""
+    name = read_pointer(get_storage(directory), str(directory), LATEST, VERSION_FILE)
+    if name is None:
         return None
-    entry = load_json(storage.read_bytes(pointer), pointer, CheckpointError)
-    if not isinstance(entry.get("version"), int) or not VERSION_FILE.fullmatch(str(entry.get("file"))):
-        raise CheckpointError(f"{pointer}: expected {{\"version\": N, \"file\": \"version-N.safetensors\"}}, "
-                              f"found {json.dumps(entry)[:200]}")
-    return entry
+    return {"version": int(VERSION_FILE.fullmatch(name).group(1)), "file": name}
 
 
 def latest_version(directory: str | Path) -> int:

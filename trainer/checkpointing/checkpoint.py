@@ -48,6 +48,7 @@ from trainer.parallel.booster import Booster
 from trainer.runtime import barrier
 from trainer.storage import get_storage, join_uri
 from trainer.storage.base import is_remote
+from trainer.storage.pointer import read_pointer, write_pointer
 from trainer.storage.transfer import download_prefix, upload_dir
 
 logger = logging.getLogger(__name__)
@@ -185,12 +186,9 @@ class CheckpointManager:
         skipped with a warning, so a resume falls back to the previous complete one that `keep_last`
         kept; when none is left, that is a CheckpointError naming what is wrong with the latest.
         """
-        pointer = join_uri(self.root, LATEST)
-        if not self.storage.exists(pointer):
+        name = read_pointer(self.storage, self.root, LATEST, STEP_NAME)  # never `../other-run`
+        if name is None:
             return []
-        name = self.storage.read_bytes(pointer).decode(errors="replace").strip()
-        if not STEP_NAME.fullmatch(name):  # a pointer elsewhere (`../other-run`) is not followed
-            raise CheckpointError(f"{pointer} holds {name[:80]!r}, expected a checkpoint name like step-00000042")
         names = sorted({n for n in self._step_names() if STEP_NAME.fullmatch(n) and n <= name} | {name}, reverse=True)
         complete, problems = [], []
         for candidate in names:
@@ -202,7 +200,7 @@ class CheckpointManager:
                 problems.append(problem)
                 logger.warning("checkpoint %s is not usable (%s); falling back to the one before", directory, problem)
         if not complete:
-            raise CheckpointError(f"{pointer} names {name}, but no checkpoint up to it is usable: {problems[0]}")
+            raise CheckpointError(f"{join_uri(self.root, LATEST)} names {name}, but no checkpoint up to it is usable: {problems[0]}")
         return complete
 
     def check_files(self, directory: str) -> str | None:
@@ -280,7 +278,7 @@ class CheckpointManager:
             self._remove(directory)  # left by a crash before its `latest` was written
             upload_dir(staging, directory, skip=(STATE_FILE,))
             self.storage.upload_file(staging / STATE_FILE, join_uri(directory, STATE_FILE))
-        self.storage.write_bytes(join_uri(self.root, LATEST), name.encode())
+        write_pointer(self.storage, self.root, LATEST, name)
         self.last_durable = directory
         self._apply_retention(name)
         logger.info("saved checkpoint %s", directory)
