@@ -4,7 +4,8 @@ An SFT run tracks to a real MLflow server with every credential a pod may hold s
 environment: S3 keys, MLflow's password and token, and a user:password inside MLFLOW_TRACKING_URI.
 Then everything the run left is scanned: each log record (any level, any library), whatever
 reached the process's stdout/stderr, every file under the output directory and in the server's
-artifact store, and every param, tag and metric key of the MLflow run. Before, the URI's password
+artifact store, every param, tag and metric key of the MLflow run, and the KFP reports (Markdown
+and HTML) a stage component publishes from that output. Before, the URI's password
 was in the "tracking to MLflow run" line and in `mlflow_run.json`, which the stage report links.
 """
 
@@ -80,6 +81,16 @@ def test_planted_secrets_appear_in_no_log_file_param_or_tag(planted, mlflow_serv
         for key, value in entries.items():
             if hits := leaks(f"{key}={value}", planted):
                 found[f"MLflow {kind} {key}"] = hits
+    # The KFP reports a stage component publishes from the same output (Markdown and HTML plot).
+    from components.launcher.stage_job import stage_report
+    from components.reports.curves import stage_html
+
+    final = json.loads((tmp_path / "out" / "final_metrics.json").read_text())
+    for name, report in (("Markdown report", stage_report("sft", {}, final, str(tmp_path / "out"))),
+                         ("HTML curves", stage_html("sft", final, str(tmp_path / "out")))):
+        assert "MLflow" in report or name == "HTML curves"  # the report does link the run
+        if hits := leaks(report, planted):
+            found[f"KFP {name}"] = hits
     assert not found, found
 
     # What is published still points at the run, minus the credentials.
