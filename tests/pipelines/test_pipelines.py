@@ -140,7 +140,7 @@ def test_online_pipeline_runs_end_to_end(name, tmp_path):
     run_dir = run_locally(name, tmp_path, {"sft_epochs": 20}, preset="tiny")
     summary = task_outputs(run_dir, started=0.0)
     evaluation = summary["evaluate-model"]["metrics"]
-    assert evaluation["baseline_reward"] > 0.5  # SFT learned the format and most sums
+    assert 0 < evaluation["baseline_reward"] < 1  # held-out sums: SFT gets some right, not all
     # The gate opens exactly when the candidate beats SFT; an opened gate leaves a tagged champion version.
     assert ("register-model" in summary) == (evaluation["improvement"] > 0)
     if "register-model" in summary:
