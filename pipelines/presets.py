@@ -4,6 +4,12 @@ The pipelines' own defaults suit a real model on GPUs. A preset replaces them fo
 (`alignflow run rlhf-dpo --preset tiny`, which `make demo` uses): it builds the offline tiny Llama
 and the addition task under the run's root and passes their paths as the input URIs, with
 hyper-parameters that suit a 2-layer model on a CPU.
+
+`tiny` is tuned so that every pipeline's candidate beats its SFT baseline on the held-out prompts
+(greedy accuracy, checked by the task) and the registration gate opens; `tiny-reward-hacking`
+(rlhf-ppo only) is the same run with PPO's KL penalty removed and a 4x learning rate, so PPO
+over-optimises its reward model and the gate stays closed. `benchmarks/tiny_preset.py` reproduces
+the tuning (every pipeline over several seeds, in-process) and `benchmarks/tiny_preset.md` logs it.
 """
 
 from __future__ import annotations
@@ -19,19 +25,32 @@ TINY_SUPERVISED = {"train.micro_batch_size": 16, "data.max_length": 32, "optimiz
                    "train.group_by_length": False}
 TINY_ONLINE = {"train.micro_batch_size": 64, "data.max_length": 32, "optimizer.scheduler": "constant",
                "generation.max_new_tokens": 4, "generation.temperature": 0.7}
-TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 20, "sft_settings": TINY_SUPERVISED,
+# SFT stops while the model writes well-formed sums but gets only about a third of the held-out
+# ones right (15 epochs; 20 reach 0.45-0.75 and leave little for any method to add on these 20 prompts).
+TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 15, "sft_settings": TINY_SUPERVISED,
                "reward_function": "trainer.tiny.task:reward", "max_new_tokens": 4}
 
 TINY = {
-    "rlhf-dpo": {**TINY_COMMON, "dpo_lr": 5e-4, "dpo_epochs": 2, "dpo_beta": 0.1, "dpo_settings": TINY_SUPERVISED},
+    # DPO+NLL (rpo_alpha 1, as in Pang et al. 2024): plain DPO widens the chosen-rejected margin while
+    # the chosen answer's own likelihood falls, and greedy accuracy drops; the NLL term keeps it likely.
+    "rlhf-dpo": {**TINY_COMMON, "dpo_lr": 5e-4, "dpo_epochs": 2, "dpo_beta": 0.1,
+                 "dpo_settings": {**TINY_SUPERVISED, "dpo.rpo_alpha": 1.0}},
+    # The KL penalty is charged per token in reward units, and this reward model's scores spread over
+    # about ten points: with a small kl_coef PPO buys reward with answers the SFT model would not write
+    # (and the reward model never saw). kl_coef 4 keeps it among answers the SFT model finds likely,
+    # where the reward model can be trusted.
     "rlhf-ppo": {**TINY_COMMON, "rm_lr": 1e-3, "rm_epochs": 15, "rm_settings": TINY_SUPERVISED,
-                 "ppo_lr": 5e-4, "ppo_episodes": 40, "ppo_kl_coef": 0.02,
+                 "ppo_lr": 5e-4, "ppo_episodes": 40, "ppo_kl_coef": 4.0,
                  "ppo_settings": {**TINY_ONLINE, "ppo.rollout_batch_size": 256, "ppo.mini_batch_size": 64,
                                   "ppo.critic_lr": 1e-3}},
     "rlhf-grpo": {**TINY_COMMON, "grpo_lr": 5e-4, "grpo_episodes": 40, "grpo_generations": 8,
                   "grpo_settings": {**TINY_ONLINE, "grpo.rollout_batch_size": 32, "grpo.mini_batch_size": 64}},
 }
-PRESETS = {"tiny": TINY}
+# Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
+# the reward model scores higher and the checker does not ("=7", "==7", "3" for every "a+0="): the
+# reward model's score on the held-out prompts rises, their accuracy falls, and the gate stays closed.
+TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo_lr": 2e-3}}
+PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING}
 
 # Which input URI parameter each file of the tiny task feeds.
 TINY_INPUTS = {"sft_train_uri": "sft_train", "sft_eval_uri": "sft_eval", "preference_train_uri": "pref_train",
@@ -55,5 +74,8 @@ def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str])
     """The parameters a preset sets for `pipeline` (only those the pipeline accepts)."""
     if preset not in PRESETS:
         raise PipelineError(f"--preset {preset!r}: unknown; expected one of {sorted(PRESETS)}")
-    arguments = {**write_tiny_inputs(root), **PRESETS[preset].get(pipeline, {})}
+    if pipeline not in PRESETS[preset]:
+        raise PipelineError(f"--preset {preset!r} has no parameters for {pipeline!r}; "
+                            f"it applies to {sorted(PRESETS[preset])}")
+    arguments = {**write_tiny_inputs(root), **PRESETS[preset][pipeline]}
     return {name: value for name, value in arguments.items() if name in accepted}

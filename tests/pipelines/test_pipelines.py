@@ -1,7 +1,9 @@
 """The pipelines compile to packages KFP loads back, and run end to end with kfp.local on the tiny task.
 
-rlhf-dpo shows the registration gate closed (DPO does not beat SFT on greedy accuracy here) and
-rlhf-grpo shows it open; rlhf-ppo (about a minute) is marked slow and runs in `make demo`.
+On the `tiny` preset every pipeline's candidate beats its SFT baseline on the held-out prompts, so
+the registration gate opens (rlhf-dpo and rlhf-grpo here; rlhf-ppo, about a minute, is marked slow
+and runs in `make demo`); `tiny-reward-hacking` shows PPO over-optimising its reward model and the
+gate staying closed (slow).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline-root")
-    run_dir = run_locally("rlhf-dpo", root, {"sft_epochs": 5, "dpo_epochs": 1}, preset="tiny")
+    run_dir = run_locally("rlhf-dpo", root, {}, preset="tiny")
     return root, run_dir
 
 
@@ -50,7 +52,7 @@ def test_pipeline_runs_every_stage_and_writes_models(local_run):
     _, run_dir = local_run
     summary = task_outputs(run_dir, started=0.0)
     assert list(summary) == ["open-lineage", "fingerprint-inputs", "prepare-inputs", "train-sft", "train-dpo",
-                             "evaluate-model", "finish-run"]
+                             "evaluate-model", "register-model", "finish-run"]
     assert summary["train-sft"]["metrics"]["eval_loss"] > 0
     assert 0 <= summary["train-dpo"]["metrics"]["eval_rewards_accuracies"] <= 1
     AutoModelForCausalLM.from_pretrained(summary["train-dpo"]["model"])
@@ -65,11 +67,13 @@ def test_stage_report_shows_metrics_curves_config_and_the_mlflow_run(local_run):
     assert "beta: 0.1" in report  # the resolved config
 
 
-def test_gate_skips_registration_when_dpo_does_not_beat_sft(local_run):
+def test_gate_registers_dpo_when_it_beats_sft(local_run):
     _, run_dir = local_run
-    output = json.loads((run_dir / "evaluate-model" / "executor_output.json").read_text())
-    assert output["parameterValues"]["Output"] <= 0.0  # on the tiny task DPO does not beat SFT
-    assert not (run_dir / "register-model").exists()
+    summary = task_outputs(run_dir, started=0.0)
+    evaluation = summary["evaluate-model"]["metrics"]
+    # DPO+NLL on the preference pairs raises greedy accuracy on the held-out sums (0.3 -> 0.8 here).
+    assert 0 < evaluation["baseline_reward"] < evaluation["reward"]
+    assert evaluation["improvement"] > 0 and "register-model" in summary
 
 
 def mlflow_runs(root) -> tuple[object, dict[str, object]]:
@@ -108,55 +112,53 @@ def test_every_stage_writes_an_html_plot_of_its_curves(local_run):
         assert "<img alt='curves' src='data:image/png;base64," in page and "Final metrics" in page
 
 
-def test_gate_registers_the_pipelines_candidate_into_its_lineage(local_run, monkeypatch):
-    """The registration gate on this run's DPO model (the tiny DPO does not beat SFT, so the run's own gate
-    stayed closed): the version is tagged with the KFP run id, holds the aliases, and links the stage run."""
-    from kfp import dsl
-
-    from components.register.component import register_model
-
+def test_gate_registers_the_pipelines_candidate_into_its_lineage(local_run):
+    """The run's own gate (DPO beat SFT): the version is tagged with the KFP run id, holds the aliases,
+    and links the stage run."""
     root, run_dir = local_run
     client, runs = mlflow_runs(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     kfp_run_id = runs["rlhf-dpo"].data.tags["alignflow.pipeline_run_id"]
-    evaluation = json.loads((run_dir / "evaluate-model" / "executor_output.json").read_text())
-    [metrics] = evaluation["artifacts"]["metrics"]["artifacts"]
-    (run_dir / "gate").mkdir()
-    version = register_model.python_func(
-        model=dsl.Model(uri=str(run_dir / "train-dpo" / "model"), metadata={"stage": "dpo"}),
-        evaluation=dsl.Metrics(uri=metrics["uri"], metadata=metrics["metadata"]),
-        comparison=dsl.HTML(uri=str(run_dir / "gate" / "comparison")), name="alignflow-dpo",
-        parent_run_id=runs["rlhf-dpo"].info.run_id, run_id=kfp_run_id, pipeline="rlhf-dpo")
+    version = json.loads((run_dir / "register-model" / "executor_output.json").read_text())["parameterValues"]
     registered = client.get_model_version_by_alias("alignflow-dpo", "champion")
-    assert str(registered.version) == version == "1"
+    assert str(registered.version) == version["Output"] == "1"
     assert client.get_model_version_by_alias("alignflow-dpo", "candidate").version == registered.version
     assert registered.tags["alignflow.pipeline_run_id"] == kfp_run_id
     assert registered.run_id == runs["dpo"].info.run_id  # -> the stage run -> its parent, the pipeline's run
-    assert "Sample answers, side by side" in (run_dir / "gate" / "comparison").read_text()
+    assert "Sample answers, side by side" in (run_dir / "register-model" / "comparison").read_text()
 
 
 @pytest.mark.parametrize("name", ["rlhf-grpo", pytest.param("rlhf-ppo", marks=pytest.mark.slow)])
 def test_online_pipeline_runs_end_to_end(name, tmp_path):
-    run_dir = run_locally(name, tmp_path, {"sft_epochs": 20}, preset="tiny")
+    run_dir = run_locally(name, tmp_path, {}, preset="tiny")
     summary = task_outputs(run_dir, started=0.0)
     evaluation = summary["evaluate-model"]["metrics"]
     assert 0 < evaluation["baseline_reward"] < 1  # held-out sums: SFT gets some right, not all
-    # The gate opens exactly when the candidate beats SFT; an opened gate leaves a tagged champion version.
-    assert ("register-model" in summary) == (evaluation["improvement"] > 0)
-    if "register-model" in summary:
-        from mlflow import MlflowClient
+    # GRPO on the checker and PPO on the reward model (held near SFT by its KL penalty) both raise greedy
+    # accuracy on the held-out sums, so the gate opens and leaves a tagged champion version.
+    assert evaluation["improvement"] > 0 and "register-model" in summary
+    from mlflow import MlflowClient
 
-        registered = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_model_version_by_alias(
-            f"alignflow-{name.split('-')[1]}", "champion")
-        assert registered.tags["alignflow.pipeline_run_id"] and float(registered.tags["metric.improvement"]) > 0
+    registered = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_model_version_by_alias(
+        f"alignflow-{name.split('-')[1]}", "champion")
+    assert registered.tags["alignflow.pipeline_run_id"] and float(registered.tags["metric.improvement"]) > 0
     if name == "rlhf-grpo":
         report = (run_dir / "train-grpo" / "report").read_text()
         samples = report.split("## Sample generations")[1].split("\n## ")[0]
         rows = [line for line in samples.splitlines() if line.startswith("| ") and "=" in line]
         assert len(rows) == 5  # prompt, response and score of five rollouts
     else:
-        # PPO against the tiny reward model raises that model's score but not the checker's: the
-        # gate stays closed (reward hacking, caught).
-        stage = summary["train-ppo"]["metrics"]
+        stage = summary["train-ppo"]["metrics"]  # the reward model's score on the held-out prompts rose too
         assert stage["eval_reward"] > stage["eval_reward_before"]
-        assert "register-model" not in summary or evaluation["improvement"] > 0
+        assert evaluation["rm_score"] > evaluation["baseline_rm_score"]
+
+
+@pytest.mark.slow
+def test_gate_catches_ppo_hacking_its_reward_model(tmp_path):
+    """`tiny-reward-hacking`: PPO without its KL penalty raises the reward model's score and lowers the
+    checker's, so the gate does not register it (about a minute, like rlhf-ppo on `tiny`)."""
+    run_dir = run_locally("rlhf-ppo", tmp_path, {}, preset="tiny-reward-hacking")
+    summary = task_outputs(run_dir, started=0.0)
+    evaluation = summary["evaluate-model"]["metrics"]
+    assert evaluation["rm_score"] > evaluation["baseline_rm_score"]  # what PPO optimised went up
+    assert evaluation["reward"] < evaluation["baseline_reward"]  # what it was meant to stand for went down
+    assert evaluation["improvement"] <= 0 and "register-model" not in summary
