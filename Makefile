@@ -71,14 +71,19 @@ $(COLOSSALAI_STAMP): pyproject.toml
 test-colossalai: $(COLOSSALAI_STAMP)
 	$(COLOSSALAI_PY) -m pytest tests/colossalai -p no:cacheprovider
 
-# Builds both images with whatever builder this machine has (none can run on the CI machine).
+# Builds every image under images/ with whatever builder this machine has (none can run on the CI
+# machine; not part of `make test`). The MLflow image is tagged with the MLflow version it pins, the
+# tag the chart's mlflow.image.tag names.
+MLFLOW_IMAGE_VERSION = $(shell sed -n 's/.*"mlflow==\([0-9.]*\)".*/\1/p' images/mlflow/Dockerfile)
+
 images:
 	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder="docker build"; \
 	elif command -v buildah >/dev/null 2>&1; then builder="buildah bud --isolation chroot"; \
 	elif command -v podman >/dev/null 2>&1; then builder="podman build"; \
 	else echo "make images: no docker daemon, buildah or podman here" >&2; exit 1; fi; \
 	$$builder -f images/trainer/Dockerfile -t alignflow-trainer:latest . && \
-	$$builder -f images/launcher/Dockerfile -t alignflow-launcher:latest .
+	$$builder -f images/launcher/Dockerfile -t alignflow-launcher:latest . && \
+	$$builder -f images/mlflow/Dockerfile -t alignflow-mlflow:$(MLFLOW_IMAGE_VERSION) images/mlflow
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache
