@@ -4,7 +4,9 @@ Every task gets the platform's environment through `kfp.kubernetes`, so the comp
 `platforms.kubernetes` section carries it and the component pods really get it:
 
 - the chart's defaults ConfigMap (`ALIGNFLOW_DEFAULTS_CONFIGMAP`, default `alignflow-defaults`) as
-  environment: MLflow URI, S3 endpoint and region, images, scheduling defaults, allow-lists;
+  environment: MLflow URI, S3 endpoint and region, images, scheduling defaults (placement, pod
+  resources, shm, deadline, pending limit), the S3 retry budget, allow-lists; the chart renders
+  every key (a key missing from the ConfigMap would keep the pod from starting);
 - the S3 credentials Secret (`ALIGNFLOW_S3_SECRET`) as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
   unless it is empty (instance roles, IRSA);
 - the MLflow credentials Secret (`ALIGNFLOW_MLFLOW_SECRET`, optional keys) when one is named.
@@ -27,7 +29,9 @@ DEFAULTS_KEYS = (
     "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
     "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "ALIGNFLOW_MLFLOW_SECRET",
     "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
-    "ALIGNFLOW_ALLOWED_REWARD_MODULES",
+    "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
+    "ALIGNFLOW_MEMORY_REQUEST", "ALIGNFLOW_MEMORY_LIMIT", "ALIGNFLOW_SHM_SIZE", "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS",
+    "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS",
 )
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 MLFLOW_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")

@@ -29,6 +29,7 @@ def rlhf_grpo(
     num_nodes: int = 1,
     gpus_per_node: int = 1,
     s3_secret: str = "",
+    scheduling: dict = {},
     sft_lr: float = 2e-5,
     sft_epochs: int = 2,
     sft_settings: dict = {},
@@ -43,7 +44,7 @@ def rlhf_grpo(
                     eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
     lineage = open_run("rlhf-grpo", base_model_uri, dataset_sha256, **datasets)
-    stage = stage_arguments(cluster, lineage)
+    stage = stage_arguments(cluster, lineage, scheduling)
     with run_stages(launcher_mode):
         inputs = prepare(lineage, base_model_uri, **datasets)
         sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)

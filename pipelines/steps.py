@@ -5,7 +5,7 @@ Every pipeline has the same frame:
     lineage = open_run("rlhf-dpo", base_model_uri, dataset_sha256, sft_train_uri=..., ...)
     with run_stages(launcher_mode):
         inputs = prepare(lineage, base_model_uri, sft_train_uri=..., ...)
-        ...stages with **stage_arguments(cluster, lineage)...
+        ...stages with **stage_arguments(cluster, lineage, scheduling)...
         evaluate_and_register(..., lineage, "rlhf-dpo")
 
 `open_run` is the first step: it checks the datasets against their manifest hashes and opens the
@@ -67,9 +67,10 @@ def prepare(lineage: dsl.PipelineTask, base_model_uri: str, **dataset_uris: str)
     return inputs
 
 
-def stage_arguments(cluster: dict, lineage: dsl.PipelineTask) -> dict:
-    """What every training stage receives: the cluster arguments and the MLflow parent run to nest under."""
-    return {**cluster, "parent_run_id": lineage.output}
+def stage_arguments(cluster: dict, lineage: dsl.PipelineTask, scheduling: dict) -> dict:
+    """What every training stage receives: the cluster arguments, the MLflow parent run to nest under, and the
+    run's `scheduling` overrides of the platform's pod defaults (components/launcher/scheduling.py)."""
+    return {**cluster, "parent_run_id": lineage.output, "scheduling": scheduling}
 
 
 def sft_stage(base_model_uri: str, inputs: dsl.PipelineTask, stage: dict, sft_lr: float, sft_epochs: int,
@@ -86,13 +87,17 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                           reward_model: dsl.PipelineTask | None = None) -> None:
     """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher.
 
-    The gate registers the version (alias `candidate`) and moves `champion` when it also beats the
-    current champion (components/register).
+    The evaluation scores the registry's current champion too, in the same job on the same prompts,
+    and logs its metrics under the parent run whatever the gate decides. The gate registers the
+    version (alias `candidate`) and moves `champion` when it also beats the champion's live score
+    (components/register). Neither step is cached: the champion changes between runs.
     """
     extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
     evaluation = as_step(evaluate_model(model=candidate.outputs["model"], baseline=baseline.outputs["model"],
                                         prompts=inputs.outputs["eval_prompts"], reward_function=reward_function,
-                                        max_new_tokens=max_new_tokens, **cluster, **extra))
+                                        max_new_tokens=max_new_tokens, registered_model_name=registered_model_name,
+                                        parent_run_id=lineage.output, **cluster, **extra))
+    evaluation.set_caching_options(False)  # it scores whichever version is the champion now
     with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
         gate = as_step(register_model(model=candidate.outputs["model"], evaluation=evaluation.outputs["metrics"],
                                       name=registered_model_name, parent_run_id=lineage.output,

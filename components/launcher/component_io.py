@@ -8,6 +8,7 @@ from typing import Any
 
 from components.images import PUBLISHED_TRAINER_IMAGE
 from components.launcher.platform import PlatformDefaults
+from components.launcher.scheduling import scheduling_overrides
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
@@ -62,7 +63,9 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
     components' published default, leaves the platform's value. Parameters named like a
     `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
-    component can expose any of them. Raises LaunchError when a variable holds bad JSON.
+    component can expose any of them, and last the run's `scheduling` parameter (a JSON object of
+    such fields, see `scheduling.py`). Raises LaunchError naming the ConfigMap key or the
+    `scheduling.<key>` that holds a bad value.
     """
     platform = PlatformDefaults.from_environment(environ)
     gpus = params["gpus_per_node"]
@@ -78,10 +81,12 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
                  "kueue_queue", "service_account"):
         if _is_given(getattr(platform, name)):
             options[name] = getattr(platform, name)
+    options.update(platform.scheduling)  # affinity, cpu/memory, shm, deadline, pending limit (ConfigMap)
     # Policy stays the platform's: allow-lists, the MLflow Secret, and the namespace (the component's own).
     overridable = set(ClusterOptions.__dataclass_fields__) - {"mode", "image", "env", "allowed_images",
                                                               "allowed_secrets", "mlflow_secret", "namespace"}
     options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
+    options.update(scheduling_overrides(params.get("scheduling")))  # the run's `scheduling` parameter wins
     return ClusterOptions(**options)
 
 

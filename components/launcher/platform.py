@@ -15,8 +15,17 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | `ALIGNFLOW_PRIORITY_CLASS` | the pods' PriorityClass |
 | `ALIGNFLOW_KUEUE_QUEUE` | the Kueue LocalQueue (label `kueue.x-k8s.io/queue-name` on the job) |
 | `ALIGNFLOW_SERVICE_ACCOUNT` | the pods' ServiceAccount |
+| `ALIGNFLOW_AFFINITY` | JSON object: the pods' core/v1 Affinity |
+| `ALIGNFLOW_CPU_REQUEST`, `_CPU_LIMIT`, `_MEMORY_REQUEST`, `_MEMORY_LIMIT` | each training pod's CPU and memory (quantities) |
+| `ALIGNFLOW_SHM_SIZE` | size of each pod's in-memory /dev/shm |
+| `ALIGNFLOW_ACTIVE_DEADLINE_SECONDS` | the job's `runPolicy.activeDeadlineSeconds` (empty or 0: none) |
+| `ALIGNFLOW_PENDING_TIMEOUT_SECONDS` | how long a pod may stay stuck Pending before the task fails |
+| `ALIGNFLOW_S3_RETRY_SECONDS` | how long S3 calls ride out an outage; passed on to the job |
 | `ALIGNFLOW_ALLOWED_IMAGES` | comma-separated trainer images or registry/repository prefixes a job may run |
 | `ALIGNFLOW_ALLOWED_SECRETS` | comma-separated Secret names a job may read S3 credentials from |
+
+The scheduling variables (affinity to the pending limit) are checked in `scheduling.py`; a bad value
+is an error naming the variable, which is also the ConfigMap key.
 
 Allow-lists (checked before any job is created, in both launcher modes):
 
@@ -41,12 +50,15 @@ import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from components.launcher.scheduling import scheduling_from_environment
 from trainer.errors import LaunchError
 
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 # Passed to the job as plain environment (after the tracking URI loses its credentials).
-JOB_ENV_NAMES = ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "ALIGNFLOW_PARENT_RUN_ID")
+JOB_ENV_NAMES = ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "ALIGNFLOW_PARENT_RUN_ID",
+                 "ALIGNFLOW_S3_RETRY_SECONDS")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -68,6 +80,8 @@ class PlatformDefaults:
     """None allows any Secret."""
     job_env: dict[str, str] = field(default_factory=dict)
     """Plain environment for the job, free of credentials."""
+    scheduling: dict[str, Any] = field(default_factory=dict)
+    """ClusterOptions fields set by the scheduling variables (`scheduling.PLATFORM_FIELDS`)."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> PlatformDefaults:
@@ -76,7 +90,9 @@ class PlatformDefaults:
         value = {name: environ.get(name, "").strip() for name in (
             "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_GPU_RESOURCE",
             "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT")}
-        job_env = {name: environ[name] for name in JOB_ENV_NAMES if environ.get(name)}
+        job_env = {name: environ[name].strip() for name in JOB_ENV_NAMES if environ.get(name, "").strip()}
+        if "ALIGNFLOW_S3_RETRY_SECONDS" in job_env:
+            _check_retry_seconds(job_env["ALIGNFLOW_S3_RETRY_SECONDS"])
         if "MLFLOW_TRACKING_URI" in job_env:
             uri, has_credentials = strip_credentials(job_env["MLFLOW_TRACKING_URI"])
             if has_credentials and not value["ALIGNFLOW_MLFLOW_SECRET"]:
@@ -92,7 +108,16 @@ class PlatformDefaults:
                    kueue_queue=value["ALIGNFLOW_KUEUE_QUEUE"], service_account=value["ALIGNFLOW_SERVICE_ACCOUNT"],
                    allowed_images=_allow_list(environ, "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_TRAINER_IMAGE"),
                    allowed_secrets=_allow_list(environ, "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_S3_SECRET"),
-                   job_env=job_env)
+                   job_env=job_env, scheduling=scheduling_from_environment(environ))
+
+
+def _check_retry_seconds(text: str) -> None:
+    try:
+        ok = float(text) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise LaunchError(f"ALIGNFLOW_S3_RETRY_SECONDS (ConfigMap key) is {text!r}, expected a number of seconds >= 0")
 
 
 def _json_value(environ: Mapping[str, str], name: str, kind: type) -> dict | list:

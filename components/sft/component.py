@@ -28,6 +28,7 @@ def train_sft(
     s3_secret: str = "",
     job_root: str = "",
     parent_run_id: str = "",
+    scheduling: dict = {},
 ):
     """Fine-tune a causal LM on chat or prompt/completion data (loss on completions only).
 
@@ -52,6 +53,9 @@ def train_sft(
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.
         parent_run_id: The pipeline's MLflow run (from open_lineage); this stage's run nests under it.
+        scheduling: Overrides of the platform's scheduling defaults for this job's pods, e.g.
+            {"cpu_request": "8", "memory_limit": "96Gi", "active_deadline_seconds": 86400,
+            "pending_timeout_seconds": 600}; keys are listed in components/launcher/scheduling.py.
     """
     from components.launcher.component_io import run_training_component
 

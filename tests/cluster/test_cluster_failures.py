@@ -4,6 +4,8 @@
   before any PyTorchJob exists;
 - a job whose pods cannot be scheduled (too few GPUs) is reported in the component's log with the
   scheduler's reason, and cancelling the run (SIGTERM to the component) deletes the job;
+- the pending limit set in the chart's values reaches the component through the defaults ConfigMap,
+  and a job stuck Pending past it fails its task with the scheduler's reason;
 - a job deleted from outside fails its task at once, saying so;
 - a component killed mid-job (OOM, a lost node) is retried by KFP and re-attaches to the job it created
   (slow: about a minute);
@@ -91,6 +93,29 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
         assert results["train-sft"].state == "FAILED"
         cluster.wait_for(lambda: cluster.jobs() == [], 30, "the cancelled run's job is deleted")
         assert cluster.api.calls("delete", "pytorchjobs"), "the component deleted its job when it was stopped"
+
+
+def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(
+        sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
+    values = chart_values(object_store, tracking_server)
+    values["scheduling"] = {"pendingTimeoutSeconds": 4}  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
+    with deployment(tmp_path, packages, object_store, values=values) as platform:
+        cluster = platform.cluster
+        config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")
+        assert config_map["data"]["ALIGNFLOW_PENDING_TIMEOUT_SECONDS"] == "4"
+        package = platform.package("rlhf-dpo")
+        # Two GPUs per node: the GPU node has one, so the SFT pod stays Pending.
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP,
+                           cache=cache).start()
+        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        created = time.monotonic()
+        results = run.join(timeout=120)
+        sft = results["train-sft"]
+        assert sft.state == "FAILED"
+        assert time.monotonic() - created < 60, "the task outlived the ConfigMap's pending limit by far"
+        assert "(pending limit 4 s)" in sft.log and "Insufficient nvidia.com/gpu" in sft.log
+        assert results["train-dpo"].state != "SUCCEEDED"
+        cluster.wait_for(lambda: cluster.jobs() == [], 30, "the stuck job is deleted")
 
 
 def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, tracking_server, tiny_inputs,

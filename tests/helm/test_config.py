@@ -16,7 +16,9 @@ KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LA
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
         "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
         "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
-        "ALIGNFLOW_ALLOWED_REWARD_MODULES"}
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
+        "ALIGNFLOW_MEMORY_REQUEST", "ALIGNFLOW_MEMORY_LIMIT", "ALIGNFLOW_SHM_SIZE", "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS",
+        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS"}
 
 
 def config(values: dict) -> dict[str, str]:
@@ -48,6 +50,15 @@ def test_defaults():
         "ALIGNFLOW_ALLOWED_SECRETS": "",
         "ALIGNFLOW_REWARD_FUNCTIONS": "",
         "ALIGNFLOW_ALLOWED_REWARD_MODULES": "",
+        "ALIGNFLOW_AFFINITY": "{}",
+        "ALIGNFLOW_CPU_REQUEST": "",
+        "ALIGNFLOW_CPU_LIMIT": "",
+        "ALIGNFLOW_MEMORY_REQUEST": "",
+        "ALIGNFLOW_MEMORY_LIMIT": "",
+        "ALIGNFLOW_SHM_SIZE": "2Gi",
+        "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS": "0",
+        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS": "900",
+        "ALIGNFLOW_S3_RETRY_SECONDS": "300",
     }
 
 
@@ -85,6 +96,54 @@ def test_configured_platform():
     assert data["ALIGNFLOW_ALLOWED_SECRETS"] == "s3-keys,hf-token"
     assert data["ALIGNFLOW_REWARD_FUNCTIONS"] == "exact=rewards.text:exact_match,length=rewards.text:length_penalty"
     assert data["ALIGNFLOW_ALLOWED_REWARD_MODULES"] == "corp_rewards.,rewards."
+
+
+AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}
+
+
+def test_scheduling_values_become_the_keys_the_launcher_reads():
+    """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/test_scheduling.py)."""
+    from components.launcher.component_io import cluster_options
+    from components.launcher.stage_job import stage_manifest
+
+    data = config({"s3": {"retrySeconds": 60},
+                   "scheduling": {"affinity": AFFINITY, "shmSize": "16Gi", "activeDeadlineSeconds": 172800,
+                                  "pendingTimeoutSeconds": 600,
+                                  "resources": {"requests": {"cpu": 8, "memory": "64Gi"},
+                                                "limits": {"cpu": "16", "memory": "96Gi"}}}})
+    assert json.loads(data["ALIGNFLOW_AFFINITY"]) == AFFINITY
+    assert [data[f"ALIGNFLOW_{name}"] for name in ("CPU_REQUEST", "CPU_LIMIT", "MEMORY_REQUEST", "MEMORY_LIMIT",
+                                                   "SHM_SIZE", "ACTIVE_DEADLINE_SECONDS", "PENDING_TIMEOUT_SECONDS",
+                                                   "S3_RETRY_SECONDS")] == [
+        "8", "16", "64Gi", "96Gi", "16Gi", "172800", "600", "60"]
+    cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1,
+                               "gpus_per_node": 1, "s3_secret": ""}, data)
+    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["affinity"] == AFFINITY and pod["containers"][0]["resources"]["limits"]["memory"] == "96Gi"
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 172800 and cluster.pending_timeout_seconds == 600
+
+
+def test_the_charts_default_scheduling_keys_leave_the_launchers_defaults():
+    from components.launcher.component_io import cluster_options
+
+    cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1,
+                               "gpus_per_node": 1, "s3_secret": ""}, config({}))
+    assert (cluster.affinity, cluster.cpu_request, cluster.memory_limit, cluster.active_deadline_seconds) == (
+        {}, None, None, None)
+    assert cluster.env["ALIGNFLOW_S3_RETRY_SECONDS"] == "300"
+
+
+@pytest.mark.parametrize("scheduling", [
+    {"shmSize": "2GB"}, {"resources": {"requests": {"cpu": "eight"}}}, {"activeDeadlineSeconds": -1},
+    {"affinity": {"nodeAfinity": {}}}, {"pendingTimeoutSeconds": 0},
+])
+def test_bad_scheduling_values_are_rejected_at_install(scheduling):
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"scheduling": scheduling})
 
 
 def test_keys_are_environment_variable_names_the_jobs_load():
