@@ -61,6 +61,29 @@ def sequence_logps(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return logps.sum(-1), mask.sum(-1)
 
 
+def packed_sequence_logps(logits: Tensor, labels: Tensor, sequence_ids: Tensor,
+                          num_sequences: int) -> tuple[Tensor, Tensor]:
+    """Summed log-prob of each packed sequence's labelled tokens (rows of whole sequences, `pack_preference`).
+
+    Equals `sequence_logps` on the same sequences padded one per row: a label at t+1 belongs to the
+    sequence of token t+1, and a sequence's first token carries no label, so no sum reads across sequences.
+
+    Args:
+        logits: (R, T, V) model outputs over packed rows.
+        labels: (R, T) token ids, -100 where no loss is taken.
+        sequence_ids: (R, T) index of the sequence each token belongs to; `num_sequences` for padding.
+        num_sequences: N, the number of sequences.
+
+    Returns:
+        (N,) sums and (N,) token counts.
+    """
+    logps, mask = token_logps(logits, labels)  # (R, T-1)
+    owners = sequence_ids[:, 1:].reshape(-1)  # (R * (T-1),)
+    sums = logps.new_zeros(num_sequences + 1).index_add(0, owners, logps.reshape(-1))  # (N + 1,): the pad's last
+    counts = mask.new_zeros(num_sequences + 1).index_add(0, owners, mask.reshape(-1))  # (N + 1,)
+    return sums[:num_sequences], counts[:num_sequences]
+
+
 def first_scored_position(labels: Tensor) -> int:
     """The first position whose logits a next-token loss reads: the logit at t scores `labels[:, t+1]`.
 

@@ -15,8 +15,9 @@ these (DPO+NLL of Pang et al. 2024, "Iterative Reasoning Preference Optimization
 difference between chosen and rejected, so both log-probs can fall together; the NLL term keeps the
 chosen answer likely, which is what raises greedy accuracy on answers that can be checked.
 
-`reference_free` replaces the reference log-probs with 0. Chosen and rejected rows go through the
-model in one forward pass (`pad_preference` stacks them).
+`reference_free` replaces the reference log-probs with 0. Chosen and rejected sequences go through the
+model in one forward pass: packed padding-free into rows of whole sequences (`pack_preference`, the
+default) or stacked and right-padded (`pad_preference`); `preference_logps` reads either.
 
 Logged metrics: `loss`, `rewards/chosen`, `rewards/rejected` (beta times the log-ratio),
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`, `nll_loss` (the chosen
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, scored_logits, sequence_logps
+from trainer.algorithms.common import LossOutput, packed_sequence_logps, scored_logits, sequence_logps
 
 
 def sigmoid_preference_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float,
@@ -90,19 +91,19 @@ class DPOObjective:
         return self.loss_type != "simpo"
 
     def count_units(self, batch: dict[str, Tensor]) -> Tensor:
-        return torch.tensor(float(batch["input_ids"].shape[0] // 2))
+        return torch.tensor(float(num_sequences(batch) // 2))
 
     def reference_logps(self, batch: dict[str, Tensor]) -> Tensor:
         """(2B,) reference log-probs: precomputed, from the reference model, or 0 (reference-free)."""
         if "ref_logps" in batch:
             return batch["ref_logps"]
         if self.ref_model is None or not self.needs_reference:
-            return torch.zeros(batch["input_ids"].shape[0], device=batch["input_ids"].device)
+            return torch.zeros(num_sequences(batch), device=batch["input_ids"].device)
         with torch.no_grad():
-            return sequence_logps(*scored_logits(self.ref_model, _inputs(batch), batch["labels"]))[0]
+            return preference_logps(self.ref_model, batch)[0]
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        logps, num_tokens = sequence_logps(*scored_logits(model, _inputs(batch), batch["labels"]))  # (2B,), (2B,)
+        logps, num_tokens = preference_logps(model, batch)  # (2B,), (2B,)
         chosen_logps, rejected_logps = logps.chunk(2)  # (B,) each
         chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)  # (B,) each
         if self.loss_type == "simpo":
@@ -136,6 +137,26 @@ class DPOObjective:
         return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)
 
 
-def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The model inputs of a stacked chosen/rejected batch."""
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+def preference_logps(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Summed log-probs and token counts of a preference batch's 2B sequences, packed or padded.
+
+    Args:
+        model: A causal LM.
+        batch: From `pack_preference` (input_ids, position_ids, sequence_ids, labels: (R, L)) or
+            `pad_preference` (input_ids, attention_mask, labels: (2B, T)).
+
+    Returns:
+        (2B,) log-prob sums and (2B,) token counts: chosen 0..B-1, then rejected B..2B-1.
+    """
+    if "sequence_ids" not in batch:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        return sequence_logps(*scored_logits(model, inputs, batch["labels"]))
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    logits, labels = scored_logits(model, inputs, batch["labels"])  # (R, L', V), (R, L'): prompt-only head cut
+    sequence_ids = batch["sequence_ids"][:, -labels.shape[1]:]  # (R, L'), aligned with the kept labels
+    return packed_sequence_logps(logits, labels, sequence_ids, num_sequences=num_sequences(batch))
+
+
+def num_sequences(batch: dict[str, Tensor]) -> int:
+    """2B, the chosen and rejected sequences of a packed or padded preference batch."""
+    return batch["last_positions"].shape[0] if "last_positions" in batch else batch["input_ids"].shape[0]

@@ -1,4 +1,7 @@
-"""Reward modelling: a scalar head read at the last non-pad token, trained with Bradley-Terry.
+"""Reward modelling: a scalar head read at each sequence's last token, trained with Bradley-Terry.
+
+Batches come packed (`pack_preference`: the read is at `last_positions`) or right-padded
+(`pad_preference`: the read is at the last non-pad token); both give the same rewards.
 
 Loss per pair (Ouyang et al. 2022, eq. 1; margin as in Llama 2, Touvron et al. 2023, eq. 2):
     -log sigmoid(r_chosen - r_rejected - margin)
@@ -40,8 +43,13 @@ class RewardObjective:
         return torch.tensor(float(batch["margin"].shape[0]))
 
     def score(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        values = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])  # (2B, T)
-        rewards = last_token_values(values, batch["attention_mask"]).float()  # (2B,)
+        """Rewards of the chosen and rejected sequences, (B,) each; the batch is packed or padded."""
+        if "last_positions" in batch:  # pack_preference: rows of whole sequences
+            values = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])  # (R, L)
+            rewards = values.reshape(-1)[batch["last_positions"]].float()  # (2B,)
+        else:  # pad_preference: one right-padded sequence per row
+            values = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])  # (2B, T)
+            rewards = last_token_values(values, batch["attention_mask"]).float()  # (2B,)
         return rewards.chunk(2)
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:

@@ -46,6 +46,18 @@ class SupervisedStageConfig(StageConfig):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Epochs, steps, batch sizes, seed and precision.")
 
 
+def resolve_packing(packing: bool | None) -> bool:
+    """A `packing` option: null packs where the installed transformers can; true where it cannot is an error."""
+    from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
+
+    if packing is None:
+        return has_at_least("transformers", PACKING_TRANSFORMERS)
+    problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
+    if packing and problem:
+        raise ValueError(f"false or null here: padding-free packing {problem}")
+    return packing
+
+
 class SFTAlgorithmConfig(Section):
     packing: bool | None = Field(
         None, validate_default=True,
@@ -58,14 +70,15 @@ class SFTAlgorithmConfig(Section):
     @field_validator("packing", mode="after")
     @classmethod
     def _resolve_packing(cls, packing: bool | None) -> bool:
-        from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
+        return resolve_packing(packing)
 
-        if packing is None:
-            return has_at_least("transformers", PACKING_TRANSFORMERS)
-        problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
-        if packing and problem:
-            raise ValueError(f"false or null here: padding-free packing {problem}")
-        return packing
+
+PAIR_PACKING_DESCRIPTION = (
+    "Pack each micro-batch's 2B chosen and rejected sequences into padding-free rows of whole sequences (each row "
+    "at most as long as the longest sequence) instead of padding both answers of a pair to one width; sequences "
+    "never attend to each other and the loss is unchanged. Needs transformers>=4.56; null (the default) packs "
+    "where the installed transformers can and pads elsewhere; true with an older transformers is an error."
+)
 
 
 class SFTConfig(SupervisedStageConfig):
@@ -76,6 +89,12 @@ class RewardAlgorithmConfig(Section):
     use_margin: bool = Field(
         True, description="Subtract a row's `margin` field inside the Bradley-Terry loss when the data has one."
     )
+    packing: bool | None = Field(None, validate_default=True, description=PAIR_PACKING_DESCRIPTION)
+
+    @field_validator("packing", mode="after")
+    @classmethod
+    def _resolve_packing(cls, packing: bool | None) -> bool:
+        return resolve_packing(packing)
 
 
 class RewardConfig(SupervisedStageConfig):
@@ -100,6 +119,12 @@ class DPOAlgorithmConfig(Section):
         False, description="Compute reference log-probs once before training and free the reference model."
     )
     ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
+    packing: bool | None = Field(None, validate_default=True, description=PAIR_PACKING_DESCRIPTION)
+
+    @field_validator("packing", mode="after")
+    @classmethod
+    def _resolve_packing(cls, packing: bool | None) -> bool:
+        return resolve_packing(packing)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> DPOAlgorithmConfig:

@@ -1,4 +1,4 @@
-"""Batching: padding-free packing for SFT, right padding for everything else.
+"""Batching: padding-free packing (SFT rows, preference pairs) or right padding.
 
 Packing puts a micro-batch's samples into rows of whole samples (best fit, longest first), each row
 at most as long as the micro-batch's longest sample, with position ids that restart at 0 for each
@@ -8,7 +8,8 @@ no sample attends to another; `tests/trainer/data/test_collate.py` checks that p
 losses agree. Rows are bounded because attention is quadratic in the row: one row holding the whole
 micro-batch (8 samples of 64-256 tokens) made packed SFT about 25% slower than padded SFT on CPU.
 Rows shorter than the longest are filled with a pad segment that restarts its own positions, so it
-is a sequence of its own that no sample sees, and it carries no labels.
+is a sequence of its own that no sample sees, and it carries no labels. Preference batches pack their
+2B sequences the same way (`pack_preference`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,41 @@ def _best_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
+def _pack_rows(sequences: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Pack (input_ids, labels) sequences into rows of whole sequences, each row as long as the longest.
+
+    Returns:
+        input_ids, labels, position_ids, sequence_ids: (R, L); `sequence_ids` holds the index of the
+        sequence each token belongs to (len(sequences) for the pad segment). last_positions: (N,) the
+        flat index (row * L + column) of each sequence's last token. num_tokens: real tokens.
+    """
+    lengths = [len(ids) for ids, _ in sequences]
+    width = max(lengths)
+    input_ids, labels, position_ids, sequence_ids = [], [], [], []
+    last_positions = [0] * len(sequences)
+    for row_index, row in enumerate(_best_fit_rows(lengths, width)):
+        ids, targets, positions, owners = [], [], [], []
+        for index in row:
+            sequence, sequence_labels = sequences[index]
+            ids.extend(sequence)
+            # The first token of a sequence is never a target (nothing precedes it); masking it keeps the
+            # previous sequence's last position from being trained to predict it.
+            targets.extend([IGNORE_INDEX] + sequence_labels[1:])
+            positions.extend(range(len(sequence)))
+            owners.extend([index] * len(sequence))
+            last_positions[index] = row_index * width + len(ids) - 1
+        fill = width - len(ids)
+        input_ids.append(ids + [pad_token_id] * fill)
+        labels.append(targets + [IGNORE_INDEX] * fill)
+        positions.extend(range(fill))  # the pad segment is a sequence of its own
+        position_ids.append(positions)
+        sequence_ids.append(owners + [len(sequences)] * fill)
+    as_rows = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+    return {"input_ids": as_rows(input_ids), "labels": as_rows(labels), "position_ids": as_rows(position_ids),
+            "sequence_ids": as_rows(sequence_ids), "last_positions": as_rows(last_positions),
+            "num_tokens": sum(lengths)}
+
+
 def pack_sft(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """Pack examples into rows of whole samples.
 
@@ -48,26 +84,28 @@ def pack_sft(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Ten
         input_ids, labels, position_ids: (R, L), R <= len(examples) rows of L tokens, L the longest
         sample; num_samples; num_tokens (real tokens, without the pad segments).
     """
-    lengths = [len(example["input_ids"]) for example in examples]
-    width = max(lengths)
-    input_ids, labels, position_ids = [], [], []
-    for row in _best_fit_rows(lengths, width):
-        ids, targets, positions = [], [], []
-        for index in row:
-            example = examples[index]
-            ids.extend(example["input_ids"])
-            # The first token of a sample is never a target (nothing precedes it); masking it keeps the
-            # previous sample's last position from being trained to predict it.
-            targets.extend([IGNORE_INDEX] + example["labels"][1:])
-            positions.extend(range(len(example["input_ids"])))
-        fill = width - len(ids)
-        input_ids.append(ids + [pad_token_id] * fill)
-        labels.append(targets + [IGNORE_INDEX] * fill)
-        positions.extend(range(fill))  # the pad segment is a sequence of its own
-        position_ids.append(positions)
-    as_rows = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-    return {"input_ids": as_rows(input_ids), "labels": as_rows(labels), "position_ids": as_rows(position_ids),
-            "num_samples": len(examples), "num_tokens": sum(lengths)}
+    packed = _pack_rows([(e["input_ids"], e["labels"]) for e in examples], pad_token_id)
+    return {"input_ids": packed["input_ids"], "labels": packed["labels"], "position_ids": packed["position_ids"],
+            "num_samples": len(examples), "num_tokens": packed["num_tokens"]}
+
+
+def pack_preference(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pack a preference batch's 2B sequences (chosen 0..B-1, then rejected B..2B-1) padding-free.
+
+    Inside a pair the chosen and rejected answers differ in length; padding both to one width (as
+    `pad_preference` does) spends work on pad tokens that length grouping cannot remove. Packed, each
+    sequence is whole in one row, its positions restart at 0 (no attention across sequences, as for
+    `pack_sft`), and the losses read it back by `sequence_ids` (log-prob sums) or `last_positions`
+    (the reward model's last-token read), so the result equals the padded one.
+
+    Returns:
+        input_ids, labels, position_ids, sequence_ids: (R, L), R <= 2B rows of L tokens (L the longest
+        sequence); last_positions: (2B,); margin: (B,); num_samples; num_tokens (real tokens); and, when
+        the examples carry them, ref_logps: (2B,).
+    """
+    sequences = ([(e["chosen_input_ids"], e["chosen_labels"]) for e in examples]
+                 + [(e["rejected_input_ids"], e["rejected_labels"]) for e in examples])
+    return {**_pack_rows(sequences, pad_token_id), **_pair_fields(examples)}
 
 
 def _pad(rows: list[list[int]], value: int, length: int) -> torch.Tensor:
@@ -95,15 +133,20 @@ def pad_preference(examples: list[dict], pad_token_id: int) -> dict[str, torch.T
     rows = [e["chosen_input_ids"] for e in examples] + [e["rejected_input_ids"] for e in examples]
     labels = [e["chosen_labels"] for e in examples] + [e["rejected_labels"] for e in examples]
     length = max(len(row) for row in rows)
-    batch = {
+    return {
         "input_ids": _pad(rows, pad_token_id, length),
         "labels": _pad(labels, IGNORE_INDEX, length),
         "attention_mask": _pad([[1] * len(row) for row in rows], 0, length),
-        "margin": torch.tensor([e["margin"] for e in examples], dtype=torch.float32),
-        "num_samples": len(examples),
+        **_pair_fields(examples),
     }
+
+
+def _pair_fields(examples: list[dict]) -> dict[str, torch.Tensor]:
+    """What a preference batch carries besides its tokens: margin (B,), num_samples, ref_logps (2B,) if present."""
+    fields = {"margin": torch.tensor([e["margin"] for e in examples], dtype=torch.float32),
+              "num_samples": len(examples)}
     if "ref_chosen_logps" in examples[0]:
-        batch["ref_logps"] = torch.tensor(
+        fields["ref_logps"] = torch.tensor(
             [e["ref_chosen_logps"] for e in examples] + [e["ref_rejected_logps"] for e in examples]
         )
-    return batch
+    return fields

@@ -16,15 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.algorithms.common import scored_logits, sequence_logps
-from trainer.algorithms.dpo import DPOObjective
+from trainer.algorithms.dpo import DPOObjective, preference_logps
 from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
-from trainer.data.collate import pack_sft, pad_preference, pad_sft
+from trainer.data.collate import pack_preference, pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
 from trainer.lifecycle.context import (
     RunContext,
@@ -78,8 +77,12 @@ def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     return StageParts(load_causal_lm(config.model), train, evaluation, collate, SFTObjective())
 
 
+def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[dict]], dict]:
+    return functools.partial(pack_preference if packing else pad_preference, pad_token_id=context.tokenizer.pad_token_id)
+
+
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
-    collate = functools.partial(pad_preference, pad_token_id=context.tokenizer.pad_token_id)
+    collate = _preference_collate(config.rm.packing, context)
     train = _load_split(load_preference_dataset, config.data.train_path, context)
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
     return StageParts(load_value_model(config.model), train, evaluation, collate,
@@ -88,7 +91,7 @@ def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
 
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     options = config.dpo
-    collate = functools.partial(pad_preference, pad_token_id=context.tokenizer.pad_token_id)
+    collate = _preference_collate(options.packing, context)
     train = _load_split(load_preference_dataset, config.data.train_path, context)
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
     reference = None
@@ -114,8 +117,7 @@ def _attach_reference_logps(reference: nn.Module, examples: list[dict], collate:
     for start in range(0, len(mine), batch_size):
         indices = mine[start:start + batch_size]
         batch = to_device(collate([examples[i] for i in indices]), context.plugin.device)
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        chosen, rejected = sequence_logps(*scored_logits(reference, inputs, batch["labels"]))[0].chunk(2)
+        chosen, rejected = preference_logps(reference, batch)[0].chunk(2)
         scores[0, indices], scores[1, indices] = chosen.double(), rejected.double()
     all_reduce_sum(scores)
     for index, example in enumerate(examples):
