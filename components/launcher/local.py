@@ -77,8 +77,11 @@ def _environment(container: dict, rank: int, num_nodes: int, nproc: str, port: i
 
 def _command(container: dict) -> list[str]:
     command = list(container["command"]) + list(container.get("args", []))
-    if command and command[0] == "torchrun":  # the same program, without relying on PATH
+    # The same programs, without relying on PATH: this interpreter runs them.
+    if command and command[0] == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    elif command and command[0] in ("python", "python3"):
+        command = [sys.executable, *command[1:]]
     return command
 
 

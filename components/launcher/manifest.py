@@ -1,8 +1,9 @@
 """Build a `kubeflow.org/v1` PyTorchJob from a stage spec, checking what the CRD schema does not.
 
-Every replica runs `torchrun -m trainer <stage> --config <uri>` in a container named `pytorch`
-(the Training Operator requires that name). torchrun takes its topology from the `PET_*` variables
-the operator injects, which is why the command carries no `--nnodes`/`--nproc_per_node` of its own.
+Every replica runs `python -m trainer.launch -m trainer <stage> --config <uri>` (torchrun, exiting
+143 rather than 1 when preempted: see `trainer/launch.py`) in a container named `pytorch` (the
+Training Operator requires that name). torchrun takes its topology from the `PET_*` variables the
+operator injects, which is why the command carries no `--nnodes`/`--nproc_per_node` of its own.
 
 - One node: a single Master replica (static rendezvous on itself).
 - More nodes: `num_nodes` Worker replicas and an `elasticPolicy` with the c10d rendezvous backend

@@ -32,6 +32,8 @@ CONTAINER_NAME = "pytorch"  # the Training Operator finds the training container
 # The port named `pytorchjob-port` is where the operator points MASTER_PORT and the elastic
 # rendezvous endpoint (`<job>-worker-0:<port>`); 23456 is the operator's own default.
 RENDEZVOUS_PORT = {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
+# torchrun, run by `trainer.launch` so a preempted job exits 143 (retryable), not torchrun's 1.
+LAUNCH_COMMAND = ("python", "-m", "trainer.launch")
 
 
 def security_contexts(spec: JobSpec) -> tuple[dict, dict]:
@@ -53,7 +55,10 @@ def resources(spec: JobSpec) -> dict:
 
 def environment(spec: JobSpec) -> list[dict]:
     """Plain values first, then values read from Secrets (never copied into the manifest)."""
-    env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
+    # torchrun's agent waits this long for its workers after forwarding SIGTERM before it kills them
+    # (torch's default: 30 s); as long as the pod's grace period, it never cuts a stopping checkpoint short.
+    plain = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": spec.termination_grace_period_seconds, **spec.env}
+    env = [{"name": k, "value": str(v)} for k, v in sorted(plain.items())]
     for item in spec.secret_env:
         reference = {"name": item.secret, "key": item.key}
         if item.optional:
@@ -67,7 +72,7 @@ def container(spec: JobSpec) -> dict:
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "command": ["torchrun", "-m", "trainer", spec.stage, "--config", spec.config_uri, *spec.extra_args],
+        "command": [*LAUNCH_COMMAND, "-m", "trainer", spec.stage, "--config", spec.config_uri, *spec.extra_args],
         "env": environment(spec),
         "ports": [dict(RENDEZVOUS_PORT)],
         "resources": resources(spec),

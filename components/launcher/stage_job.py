@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ import yaml
 
 from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
 from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
-from trainer.errors import LaunchError
+from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ class ClusterOptions:
     active_deadline_seconds: int | None = None
     """The operator stops the job after this long (`runPolicy.activeDeadlineSeconds`)."""
     termination_grace_period_seconds: int = 30
-    """Seconds the trainer gets after SIGTERM to save a checkpoint."""
+    """The least `terminationGracePeriodSeconds` of the pods: a stage whose `checkpoint.preemption_grace_seconds`
+    needs more gets that plus a margin (see `termination_grace_seconds`)."""
     max_restarts: int = 3
     """Elastic jobs: worker-group restarts torchrun allows (a restarted pod rejoining counts once)."""
     run_as_user: int = 1000
@@ -103,10 +105,39 @@ def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:
     return secrets
 
 
-def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions) -> dict:
-    """The PyTorchJob a stage component creates."""
+# Seconds the pods get beyond the stage's `checkpoint.preemption_grace_seconds`. That grace already
+# covers finishing the step and the blocking save and upload: the trainer's watchdog exits at its
+# end. What comes after must still fit before the kubelet's SIGKILL: the workers' exit (CUDA and
+# NCCL teardown, flushing logs, a few seconds on a GPU node), torchrun's agent seeing them go and
+# exiting itself, and the signal reaching the workers a moment after the container's first process.
+PREEMPTION_MARGIN_SECONDS = 10
+
+
+def termination_grace_seconds(config: dict, cluster: ClusterOptions) -> int:
+    """The pods' `terminationGracePeriodSeconds` for a stage config.
+
+    The stage's `checkpoint.preemption_grace_seconds` (its default when unset) plus
+    PREEMPTION_MARGIN_SECONDS, rounded up; never below `cluster.termination_grace_period_seconds`.
+    The default config gives the default: 20 + 10 = 30 s, Kubernetes' own.
+
+    Raises:
+        ConfigError: The config's value is not a number of seconds > 0.
+    """
+    from trainer.config import CheckpointConfig  # pydantic: only when a manifest is built
+
+    section = config.get("checkpoint") or {}
+    grace = section.get("preemption_grace_seconds", CheckpointConfig.model_fields["preemption_grace_seconds"].default)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace > 0:
+        raise ConfigError(f"checkpoint.preemption_grace_seconds is {grace!r}, expected a number of seconds > 0")
+    return max(cluster.termination_grace_period_seconds, math.ceil(grace) + PREEMPTION_MARGIN_SECONDS)
+
+
+def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
+                   config: dict | None = None) -> dict:
+    """The PyTorchJob a stage component creates; `config` (the stage config) sets the pods' grace period."""
     shared = {name: getattr(cluster, name) for name in JobSpec.__dataclass_fields__ if hasattr(cluster, name)}
     shared.pop("env")
+    shared["termination_grace_period_seconds"] = termination_grace_seconds(config or {}, cluster)
     spec = JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
                    secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
@@ -126,7 +157,7 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
     # A training stage exports its model to the component's output Model; `evaluate` exports nothing.
     config = {**config, "output_dir": job_root} | ({"export_dir": model_uri} if model_uri else {})
     config_uri = join_uri(job_root, f"{stage}.yaml")
-    manifest = stage_manifest(stage, config_uri, run_id, task, cluster)
+    manifest = stage_manifest(stage, config_uri, run_id, task, cluster, config=config)
     storage = get_storage(job_root)
     storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
     if cluster.mode == "local":

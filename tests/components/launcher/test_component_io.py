@@ -21,7 +21,7 @@ def test_every_stage_job_validates_against_the_crd(stage):
     pytorchjob_validator().validate(job)
     assert job["metadata"]["labels"]["alignflow/run"] == "abc-123"  # what the exit handler deletes by
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert container["command"][:4] == ["torchrun", "-m", "trainer", stage]
+    assert container["command"][:6] == ["python", "-m", "trainer.launch", "-m", "trainer", stage]
     assert job["spec"]["elasticPolicy"]["minReplicas"] == job["spec"]["elasticPolicy"]["maxReplicas"] == 2
 
 

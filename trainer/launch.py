@@ -1,0 +1,59 @@
+"""`python -m trainer.launch [torchrun options] -m trainer <stage> --config ...`: torchrun, with the preemption status.
+
+What a PyTorchJob's container runs instead of bare `torchrun`. It is torchrun itself (the same
+options, `PET_*` variables and elastic agent, run in this process); only its exit status differs
+when the run was stopped by a signal:
+
+- The agent got SIGTERM or SIGINT (Kubernetes sends SIGTERM to the container's first process when
+  it evicts or deletes a pod): the agent forwards the signal to its workers and waits for them up
+  to its shutdown timeout (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, which the manifest sets to the pod's
+  grace period, so it never cuts the workers' stopping checkpoint short). The workers stop at a
+  step boundary with a checkpoint and exit 128 + signal; torchrun would then exit 1, a "general
+  error" that the Training Operator's `ExitCode` restart policy treats as permanent. Here the exit
+  status is 128 + signal (143 for SIGTERM, 130 for SIGINT), which that policy retries.
+- The workers stopped on their own because of a signal (a signal sent to them rather than to the
+  agent): every failed worker exited 143 or 130. The status is that of the first failure.
+
+Any other failure is torchrun's, unchanged (its error report, exit 1).
+
+What this leaves out: the agent does not report its workers' exit statuses when it is the one
+signalled, so in that case the status says that the job was stopped by the signal, not that every
+worker finished its checkpoint; a rerun resumes from the newest complete checkpoint either way (a
+worker that ran out of `checkpoint.preemption_grace_seconds` leaves the previous one in charge).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+# Worker exit statuses that mean "stopped by this signal at a step boundary" (trainer.lifecycle.preemption).
+PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun with `argv` (default: this process's arguments) and return the job's exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(argv)
+    except SignalException as err:
+        status = 128 + int(err.sigval)
+        print(f"torchrun: stopped by {signal.Signals(err.sigval).name}, forwarded to the workers; exit status "
+              f"{status} (preempted: rerun to resume from the newest checkpoint)", file=sys.stderr)
+        return status
+    except ChildFailedError as err:
+        statuses = [failure.exitcode for failure in err.failures.values()]
+        if not statuses or any(status not in PREEMPTED for status in statuses):
+            raise
+        status = err.get_first_failure()[1].exitcode
+        print(f"torchrun: the workers were stopped by a signal; exit status {status} (preempted: "
+              "rerun to resume)", file=sys.stderr)
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
