@@ -98,18 +98,18 @@ def chart_values(endpoint: str, tracking_uri: str = "") -> dict:
 
 def install_platform(cluster: Cluster, endpoint: str, *, values: dict | None = None, secret: bool = True,
                      config_map: bool = True) -> list[dict]:
-    """The platform team's steps: the chart (its ConfigMap and Role, bound to KFP's runner), the S3 Secret."""
+    """The platform team's steps: the chart (its ConfigMap, and its Role bound by the chart to KFP's runner), the S3
+    Secret."""
     manifests = render_chart(values or chart_values(endpoint))
     for manifest in sorted(manifests, key=lambda m: m["kind"] not in ("Role", "ClusterRole")):
         if manifest["kind"] == "ConfigMap" and not config_map:
             continue
         if manifest["kind"] in ("ConfigMap", "Role", "RoleBinding", "ServiceAccount"):
             cluster.apply(manifest, NAMESPACE)
-    role = next(m for m in manifests if m["kind"] == "Role")
-    # KFP runs a profile's pipeline pods as default-editor: the Role must reach that account.
-    cluster.apply({"kind": "RoleBinding", "metadata": {"name": "alignflow-kfp-runner", "namespace": NAMESPACE},
-                   "roleRef": {"kind": "Role", "name": role["metadata"]["name"]},
-                   "subjects": [{"kind": "ServiceAccount", "name": RUNNER, "namespace": NAMESPACE}]}, NAMESPACE)
+    # KFP runs a profile's pipeline pods as default-editor: the chart's own RoleBinding (rbac.pipelineServiceAccounts)
+    # must reach that account, with nothing bound by hand.
+    binding = next(m for m in manifests if m["kind"] == "RoleBinding" and m["roleRef"]["kind"] == "Role")
+    assert {"kind": "ServiceAccount", "name": RUNNER, "namespace": NAMESPACE} in binding["subjects"]
     if secret:
         cluster.create_namespace_objects(NAMESPACE, secrets_={S3_SECRET: dict(
             AWS_ACCESS_KEY_ID=S3_ENV["AWS_ACCESS_KEY_ID"], AWS_SECRET_ACCESS_KEY=S3_ENV["AWS_SECRET_ACCESS_KEY"])})

@@ -194,3 +194,30 @@ def test_scan_refuses_a_call_it_cannot_map(tmp_path):
     unknown.write_text("def f(core):\n    core.list_namespaced_secret('ns')\n    core.list_pod_for_all_namespaces()\n")
     with pytest.raises(AssertionError, match="(list_namespaced_secret|list_pod_for_all_namespaces) is a Kubernetes API call"):
         api_calls_in(unknown, tmp_path)
+
+
+def binding_subjects(values: dict) -> list[tuple[str, str]]:
+    binding = next(d for d in render(values) if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-launcher"))
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": one(render(values), "Role")["metadata"]["name"]}
+    return [(subject["name"], subject["namespace"]) for subject in binding["subjects"]]
+
+
+def test_role_is_bound_to_the_accounts_kfp_runs_pipeline_pods_as():
+    # Multi-user Kubeflow runs a profile's pipeline pods as default-editor; standalone KFP as pipeline-runner.
+    assert binding_subjects({}) == [("af-alignflow", "ml"), ("default-editor", "ml"), ("pipeline-runner", "ml")]
+
+
+def test_pipeline_service_accounts_are_configurable_and_never_duplicated():
+    values = {"serviceAccount": {"name": "runner"},
+              "rbac": {"pipelineServiceAccounts": ["team-runner", "runner", "team-runner"]}}
+    assert binding_subjects(values) == [("runner", "ml"), ("team-runner", "ml")]
+    assert binding_subjects({"rbac": {"pipelineServiceAccounts": []}}) == [("af-alignflow", "ml")]
+
+
+@pytest.mark.parametrize("accounts", [[""], ["Default_Editor"], "default-editor"])
+def test_a_bad_pipeline_service_account_is_rejected_at_install(accounts):
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"rbac": {"pipelineServiceAccounts": accounts}})
