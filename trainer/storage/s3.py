@@ -6,17 +6,21 @@ Endpoint, region and credentials come from the standard AWS chain (`AWS_ENDPOINT
 `ALIGNFLOW_S3_MULTIPART_MB` (default 64) go up in parts, `ALIGNFLOW_S3_CONCURRENCY` (default 8)
 at a time.
 
-Outages: every call (reads, writes, transfers, `exists`, `list`, deletes) is retried with
-exponential backoff (0.5 s doubling up to 30 s) until `ALIGNFLOW_S3_RETRY_SECONDS` (default 300)
-have passed since its first attempt; only answers that retrying cannot change (no such bucket or
-key, access denied, a failed condition) end it at once. The error then names the endpoint, the
-URI, the operation and the last failure in one line.
+Outages: every call (reads, writes, transfers, `exists`, `list`, deletes) that fails transiently
+(endpoint unreachable, connection reset, timeouts, 5xx, throttling, RequestTimeout) is retried with
+exponential backoff (0.5 s doubling up to 30 s) until `ALIGNFLOW_S3_RETRY_SECONDS` (default 300;
+the chart's `s3.retrySeconds`) have passed since its first attempt. Every other failure (no such
+bucket or key, access denied, bad keys, a malformed parameter, missing credentials, a local file
+that cannot be read) ends it at once (`classify`). Either way the error names the URI, the
+operation, the endpoint and the failure in one line.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +35,11 @@ MB = 1024 * 1024
 DEFAULT_RETRY_SECONDS = 300.0
 MAX_BACKOFF_SECONDS = 30.0
 MISSING = ("404", "NoSuchKey", "NotFound")
-PERMANENT = ("NoSuchBucket", "403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName")
 CONDITION = ("412", "PreconditionFailed", "ConditionalRequestConflict")
+# Answers an overloaded or briefly unavailable store gives; retrying may change them.
+TRANSIENT = ("500", "502", "503", "504", "429", "InternalError", "ServiceUnavailable", "SlowDown", "Throttling",
+             "ThrottlingException", "TooManyRequests", "RequestLimitExceeded", "RequestTimeout",
+             "RequestTimeoutException", "BadGateway", "GatewayTimeout")
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -44,6 +51,20 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def retry_seconds_from_environment() -> float:
+    """`ALIGNFLOW_S3_RETRY_SECONDS`; unset or empty (a blank ConfigMap key) means the default."""
+    text = os.environ.get("ALIGNFLOW_S3_RETRY_SECONDS", "").strip()
+    if not text:
+        return DEFAULT_RETRY_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise StorageError(f"ALIGNFLOW_S3_RETRY_SECONDS is {text!r}, expected a number of seconds >= 0")
+    return seconds
+
+
 def error_code(err: Exception) -> str:
     response = getattr(err, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
@@ -51,6 +72,54 @@ def error_code(err: Exception) -> str:
 
 def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _status(err: Exception) -> int:
+    response = getattr(err, "response", None) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def classify(err: Exception) -> str:
+    """What a failed call means: `transient` (retry), `condition`, `no-bucket`, `permanent` (fail at once), or
+    `foreign` (not an S3 or network error: re-raised as it is).
+
+    Only what an outage or an overloaded store produces is transient: connection errors and timeouts,
+    5xx, throttling (429, SlowDown, Throttling) and RequestTimeout. Everything else S3 or botocore
+    answers (no such bucket, access denied, bad keys, a malformed request or parameter, missing
+    credentials) would give the same answer on every retry.
+    """
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        ResponseStreamingError,
+    )
+
+    if isinstance(err, ClientError):
+        code = error_code(err)
+        if code in CONDITION:
+            return "condition"
+        if code == "NoSuchBucket":
+            return "no-bucket"
+        return "transient" if code in TRANSIENT or _status(err) >= 500 or _status(err) == 429 else "permanent"
+    if isinstance(err, S3UploadFailedError):  # a transfer's ClientError, flattened into its message
+        found = re.search(r"An error occurred \((\w+)\)", str(err))
+        code = found.group(1) if found else ""
+        if code == "NoSuchBucket":
+            return "no-bucket"
+        return "permanent" if code and code not in TRANSIENT and not code.isdigit() else "transient"
+    if isinstance(err, (ConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError)):
+        return "transient"  # endpoint unreachable, connect/read timeouts, a connection dropped mid-answer
+    if isinstance(err, BotoCoreError):
+        return "permanent"  # ParamValidationError, NoCredentialsError, NoRegionError, ...
+    if isinstance(err, (builtins.ConnectionError, TimeoutError)):
+        return "transient"
+    if isinstance(err, OSError):
+        return "permanent"  # a local file that cannot be read or written
+    return "foreign"
 
 
 class S3Storage:
@@ -72,8 +141,7 @@ class S3Storage:
 
         threshold = multipart_threshold or int(os.environ.get("ALIGNFLOW_S3_MULTIPART_MB", 64)) * MB
         concurrency = max_concurrency or int(os.environ.get("ALIGNFLOW_S3_CONCURRENCY", 8))
-        self.retry_seconds = retry_seconds if retry_seconds is not None else float(
-            os.environ.get("ALIGNFLOW_S3_RETRY_SECONDS", DEFAULT_RETRY_SECONDS))
+        self.retry_seconds = retry_seconds if retry_seconds is not None else retry_seconds_from_environment()
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         # botocore retries a little on its own (fast); the deadline loop below rides out longer outages.
         self.client = boto3.client("s3", endpoint_url=endpoint, config=Config(
@@ -92,30 +160,28 @@ class S3Storage:
         return self.client.meta.endpoint_url
 
     def _call(self, uri: str, action: str, function: Callable[[], Any]) -> Any:
-        """Run `function`, retrying transient failures with backoff until `retry_seconds` have passed."""
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
+        """Run `function`, retrying transient failures with backoff until `retry_seconds` have passed.
 
+        Anything else (see `classify`) fails at once with one line naming the URI and the endpoint.
+        """
         started = time.monotonic()
         delay, attempt = 0.5, 0
         while True:
             attempt += 1
             try:
                 return function()
-            except ClientError as err:
-                code = error_code(err)
-                if code in CONDITION:
+            except Exception as err:  # classified below; what is not S3's or the network's is re-raised
+                kind = classify(err)
+                if kind == "foreign":
+                    raise
+                if kind == "condition":
                     raise ConditionFailed(f"{uri}: {action}: the object changed (precondition failed)") from err
-                if code == "NoSuchBucket":
+                if kind == "no-bucket":
                     raise StorageError(f"{uri}: cannot {action}: bucket {split_uri(uri)[0]!r} does not exist at "
                                        f"{self.endpoint}") from err
-                if code in MISSING or code in PERMANENT:
-                    raise StorageError(f"{uri}: cannot {action}: {code} at {self.endpoint}") from err
-                last = err
-            except (BotoCoreError, S3UploadFailedError, OSError) as err:
-                if isinstance(err, S3UploadFailedError) and "NoSuchBucket" in str(err):
-                    raise StorageError(f"{uri}: cannot {action}: bucket {split_uri(uri)[0]!r} does not exist at "
-                                       f"{self.endpoint}") from err
+                if kind == "permanent":
+                    raise StorageError(f"{uri}: cannot {action} at S3 endpoint {self.endpoint}: {first_line(err)} "
+                                       "(not retried: retrying cannot change this answer)") from err
                 last = err
             elapsed = time.monotonic() - started
             if elapsed + delay > self.retry_seconds:
