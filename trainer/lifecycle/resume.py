@@ -7,7 +7,8 @@ line when the answer is no:
 - with `checkpoint.resume: false`, a directory that holds a run's checkpoints or outputs is refused
   unless `checkpoint.overwrite: true` (then `clear_outputs` deletes them once the lease is held);
 - the checkpoint to resume must belong to this run: its manifest's fingerprint (stage, base model,
-  data, and the config keys that shape the run, see `run_fingerprint`) must match, and so must the
+  data by path and by content, the config keys that shape the run: see `run_fingerprint`) must
+  match, and so must the
   data-parallel world size (the global batch and each rank's samples depend on it, so a changed
   world size is refused rather than resumed inexactly).
 
@@ -25,6 +26,7 @@ from typing import Any
 from trainer.checkpointing.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
 from trainer.config import StageConfig, as_dict
 from trainer.errors import CheckpointError, ConfigError, RunFinished
+from trainer.lifecycle.data_identity import content_identity
 from trainer.storage import get_storage, is_remote, join_uri
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ SHAPING_KEYS = ("model.path", "model.lora", "data.train_path", "data.max_length"
                 "train.micro_batch_size", "train.gradient_accumulation_steps", "reward")
 # Keys of a stage section that may change between attempts: they lengthen or shorten the run.
 LENGTH_KEYS = ("num_episodes",)
+# Fingerprint entries `<data key>@content`: {file: identity of its bytes} (trainer/lifecycle/data_identity.py).
+CONTENT_SUFFIX = "@content"
 
 
 def _lookup(values: dict[str, Any], dotted: str) -> Any:
@@ -61,14 +65,50 @@ def run_fingerprint(config: StageConfig, stage: str) -> dict[str, Any]:
     for key, value in section.items():
         if key not in LENGTH_KEYS:
             fingerprint[f"{stage}.{key}"] = value
+    for key in data_keys(fingerprint, stage):  # the data by content too: a file rewritten in place is other data
+        fingerprint[key + CONTENT_SUFFIX] = content_identity(str(fingerprint[key]))
     return json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
 
 
+def data_keys(fingerprint: dict[str, Any], stage: str) -> list[str]:
+    """The fingerprint's keys that name training data: `data.train_path` and a stage's `*data_path` (PPO's ptx)."""
+    return [key for key, value in fingerprint.items() if isinstance(value, str) and value
+            and (key == "data.train_path" or (key.startswith(f"{stage}.") and key.endswith("data_path")))]
+
+
 def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key is X there, Y here` for each key that differs (the stage first)."""
+    """`key is X there, Y here` for each key that differs (the stage first); for data content, the file.
+
+    A content entry is compared only when both sides have one: checkpoints written before data was
+    fingerprinted by content are compared by path, as they were.
+    """
     keys = sorted(set(saved) | set(current), key=lambda key: (key != "stage", key))
-    return [f"{key} is {saved.get(key)!r} there, {current.get(key)!r} here" for key in keys
-            if saved.get(key) != current.get(key)]
+    differences = []
+    for key in keys:
+        if key.endswith(CONTENT_SUFFIX):
+            if key in saved and key in current:
+                differences += _content_differences(key.removesuffix(CONTENT_SUFFIX), saved[key], current[key])
+        elif saved.get(key) != current.get(key):
+            differences.append(f"{key} is {saved.get(key)!r} there, {current.get(key)!r} here")
+    return differences
+
+
+def _content_differences(key: str, saved: dict[str, str], current: dict[str, str]) -> list[str]:
+    """One `<file> (<key>) changed since the checkpoint ...` per file whose bytes differ, is new or is gone."""
+    if not saved or not current:
+        return []  # one side could not be read: the path comparison (and the data loader) speak for it
+    found = []
+    for name in sorted(set(saved) | set(current)):
+        before, now = saved.get(name), current.get(name)
+        if before == now:
+            continue
+        if before is None:
+            found.append(f"{name} ({key}) is new since the checkpoint")
+        elif now is None:
+            found.append(f"{name} ({key}) is gone since the checkpoint")
+        else:
+            found.append(f"{name} ({key}) changed since the checkpoint: {before[:19]}... there, {now[:19]}... here")
+    return found
 
 
 def existing_outputs(output_uri: str) -> list[str]:
