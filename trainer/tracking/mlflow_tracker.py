@@ -6,7 +6,10 @@ queue to drain and reports what could not be sent (those values are still in `me
 `mlflow` is imported here only, and only when a tracker is built (it costs seconds to import).
 
 Embedded default: with no `MLFLOW_TRACKING_URI`, runs go to `sqlite:///mlflow.db` in the working
-directory (MLflow 3's own default). Run linkage: `MLFLOW_RUN_ID` continues that run; otherwise a
+directory (MLflow 3's own default) when it is writable; a non-root pod whose working directory is
+not (the image's WORKDIR, a read-only root filesystem) tracks to `mlflow.db` in the temporary
+directory (`$TMPDIR`, else /tmp) with one warning that it is lost with the pod, and where neither is
+writable tracking is off for the run (one warning; `metrics.jsonl` still has every value). Run linkage: `MLFLOW_RUN_ID` continues that run; otherwise a
 run is created in `MLFLOW_EXPERIMENT_ID`, `MLFLOW_EXPERIMENT_NAME` or `tracking.experiment_name`,
 nested under `tracking.parent_run_id` (or `ALIGNFLOW_PARENT_RUN_ID`) and tagged with the pipeline
 run id.
@@ -36,6 +39,32 @@ MAX_QUEUED = 100_000
 CLOSE_TIMEOUT_SECONDS = 30.0
 
 
+class TrackingUnavailable(RuntimeError):
+    """No tracking URI was given and no folder the embedded sqlite store could be written to."""
+
+
+def embedded_tracking_uri(working_dir: Path | None = None) -> str:
+    """Where runs go without `MLFLOW_TRACKING_URI`; raises TrackingUnavailable when nowhere is writable.
+
+    The writability check comes first because MLflow would otherwise retry the sqlite file for minutes
+    before the tracker gives up, and then say nothing about why.
+    """
+    working_dir = working_dir or Path.cwd()
+    if os.access(working_dir, os.W_OK):
+        return DEFAULT_TRACKING_URI
+    # $TMPDIR as the pod sets it (an emptyDir), else /tmp; not tempfile's search, which would end in odd places.
+    temporary = Path(os.environ.get("TMPDIR") or "/tmp")
+    if not os.access(temporary, os.W_OK):
+        raise TrackingUnavailable(f"no MLFLOW_TRACKING_URI, and neither the working directory {working_dir} nor "
+                                  f"the temporary directory {temporary} is writable for the sqlite store; set "
+                                  "MLFLOW_TRACKING_URI (the chart's mlflow.trackingUri or mlflow.enabled)")
+    uri = f"sqlite:///{temporary / 'mlflow.db'}"
+    logger.warning("no MLFLOW_TRACKING_URI and the working directory %s is not writable: tracking to %s, which is "
+                   "lost with the pod; set MLFLOW_TRACKING_URI (the chart's mlflow.trackingUri or mlflow.enabled)",
+                   working_dir, uri)
+    return uri
+
+
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{"a": {"b": 1}}` -> `{"a.b": 1}`, dropping keys that look secret."""
     flat = {}
@@ -62,7 +91,7 @@ class MlflowTracker:
         # Fail fast per request so the sender can retry on its own schedule (users may override).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        tracking_uri = env.tracking_uri or DEFAULT_TRACKING_URI
+        tracking_uri = env.tracking_uri or embedded_tracking_uri()
         # MLflow prints "View run ... at <tracking URI>" to stdout, user info included; the INFO line
         # below says where the run is without it.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
