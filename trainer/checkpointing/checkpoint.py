@@ -5,7 +5,9 @@
 The checkpoint root is a local path or an `s3://` URI (through `trainer.storage`).
 Layout of one checkpoint, `step-00000042/`: for each trained component NAME (`model` for the
 supervised stages, `actor` and `critic` for PPO) `NAME.pt`, `NAME.optimizer.pt` and
-`NAME.scheduler.pt` (full state dicts, see `Booster`); `rng-rank<R>.safetensors` (each rank's
+`NAME.scheduler.pt` (full state dicts, see `Booster`; under FSDP2 the model and optimizer are
+a directory of DCP shards `NAME.dcp/` instead, written by every rank with no gather, see
+`trainer.checkpointing.sharded_checkpoints`); `rng-rank<R>.safetensors` (each rank's
 torch/CUDA RNG states as tensors, its python/numpy states as JSON metadata); and
 `trainer_state.json` (the loop position), written last as the checkpoint's completion marker.
 Only then does rank 0 replace the `latest` pointer (atomically),
@@ -26,10 +28,7 @@ a file that is not what its name says is a `CheckpointError` naming it.
 
 from __future__ import annotations
 
-import json
 import logging
-import random
-import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -37,11 +36,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
-from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors, refusing_pickled_objects
+from trainer.checkpointing.common import (  # noqa: F401 - re-exported: callers import them from here
+    LATEST,
+    MANIFEST_FILE,
+    STATE_FILE,
+    STEP_NAME,
+    ModelParts,
+    copy_tensors,
+    gather_objects,
+    one_line,
+)
+from trainer.checkpointing.rng_state import (  # noqa: F401 - re-exported: the RNG file is part of this layout
+    capture_rng_state,
+    decode_rng_state,
+    encode_rng_state,
+    restore_rng_state,
+    rng_state_file,
+)
+from trainer.checkpointing.serialization import load_json, refusing_pickled_objects
+from trainer.checkpointing.sharded_checkpoints import ShardedCheckpoints
 from trainer.errors import CheckpointError, StorageError
 from trainer.jsonio import dumps
 from trainer.parallel.booster import Booster
@@ -52,15 +67,6 @@ from trainer.storage.pointer import read_pointer, write_pointer
 from trainer.storage.transfer import download_prefix, upload_dir
 
 logger = logging.getLogger(__name__)
-
-LATEST = "latest"
-STATE_FILE = "trainer_state.json"
-MANIFEST_FILE = "manifest.json"
-STEP_NAME = re.compile(r"step-\d{8,}")
-
-# (model, optimizer, lr scheduler) of one trained network.
-ModelParts = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
-
 
 @dataclass(slots=True)
 class TrainerState:
@@ -77,73 +83,7 @@ class TrainerState:
     """How many of the latest steps in a row were skipped (a run that ends in such a streak is not exported)."""
 
 
-def capture_rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def gather_objects(obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order (just `[obj]` outside a process group)."""
-    if not dist.is_initialized():
-        return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
-def copy_tensors(obj: Any) -> Any:
-    """A copy of nested dicts/lists/tuples in which every tensor is cloned."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: copy_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(copy_tensors(v) for v in obj)
-    return obj
-
-
-def rng_state_file(rank: int) -> str:
-    return f"rng-rank{rank}.safetensors"
-
-
-def encode_rng_state(state: dict[str, Any]) -> bytes:
-    """A `capture_rng_state` dict as safetensors: torch/CUDA states as tensors, python/numpy as JSON."""
-    tensors = {"torch": state["torch"], **{f"cuda.{i}": s for i, s in enumerate(state.get("cuda", []))}}
-    version, internal, gauss_next = state["python"]
-    generator, keys, position, has_gauss, cached_gaussian = state["numpy"]
-    metadata = {"python": json.dumps([version, list(internal), gauss_next]),
-                "numpy": json.dumps([generator, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)])}
-    return dump_tensors(tensors, metadata)
-
-
-def decode_rng_state(payload: bytes, name: str) -> dict[str, Any]:
-    """The inverse of `encode_rng_state`; CheckpointError naming `name` when the file is not one."""
-    tensors, metadata = load_tensors(payload, name, CheckpointError)
-    try:
-        version, internal, gauss_next = json.loads(metadata["python"])
-        generator, keys, position, has_gauss, cached_gaussian = json.loads(metadata["numpy"])
-        state = {"python": (version, tuple(internal), gauss_next),
-                 "numpy": (generator, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian),
-                 "torch": tensors["torch"]}
-    except (KeyError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{name}: not an RNG state file ({type(err).__name__}: {err})") from err
-    cuda = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k.split(".", 1)[1]))
-    if cuda:
-        state["cuda"] = [tensors[k] for k in cuda]
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class CheckpointManager:
+class CheckpointManager(ShardedCheckpoints):
     """Saves and finds checkpoints of one run.
 
     Args:
@@ -172,6 +112,8 @@ class CheckpointManager:
         """The newest checkpoint known to be complete: written by this run or resumed from."""
         self._failed: tuple[dict[str, Any], int] | None = None  # a background save that failed, kept for a retry
         self._error: Exception | None = None  # its error, raised once by `wait`
+        self.shard_files_read: dict[str, list[str]] = {}
+        """Per component, the files of its DCP directory this rank read at the last sharded load."""
 
     def latest(self) -> str | None:
         """The newest complete checkpoint (see `complete_checkpoints`), or None."""
@@ -217,7 +159,7 @@ class CheckpointManager:
             present = set(self.storage.list(directory))
             for name, size in files.items():
                 uri = join_uri(directory, name)
-                if uri not in present:
+                if uri not in present and not self.storage.exists(uri):  # local listings hide dot files (DCP's .metadata)
                     return f"{uri} is missing"
                 if self.storage.size(uri) != size:
                     return f"{uri} has {self.storage.size(uri)} bytes, its manifest says {size}"
@@ -278,6 +220,11 @@ class CheckpointManager:
             self._remove(directory)  # left by a crash before its `latest` was written
             upload_dir(staging, directory, skip=(STATE_FILE,))
             self.storage.upload_file(staging / STATE_FILE, join_uri(directory, STATE_FILE))
+        return self._publish(name)
+
+    def _publish(self, name: str) -> str:
+        """Point `latest` at the complete checkpoint `name`, apply retention, tell `on_written` (rank 0)."""
+        directory = join_uri(self.root, name)
         write_pointer(self.storage, self.root, LATEST, name)
         self.last_durable = directory
         self._apply_retention(name)
@@ -289,13 +236,16 @@ class CheckpointManager:
                 logger.warning("checkpoint %s is complete, but publishing beside it failed: %s", directory, err)
         return directory
 
-    def _write_extras(self, staging: Path, raw: dict[str, bytes]) -> None:
-        """The attachments as plain files, then the manifest (sizes of every file but the marker)."""
+    def _write_extras(self, staging: Path, raw: dict[str, bytes], uploaded: dict[str, int] | None = None,
+                      **fields: Any) -> None:
+        """The attachments as plain files, then the manifest: sizes of every file but the marker (those
+        in staging and the `uploaded` ones other ranks wrote), the run's metadata and `fields`."""
         for file_name, data in raw.items():
             (staging / file_name).write_bytes(data)
         sizes = {p.relative_to(staging).as_posix(): p.stat().st_size for p in sorted(staging.rglob("*"))
                  if p.is_file() and p.name != STATE_FILE}
-        (staging / MANIFEST_FILE).write_text(dumps({"files": sizes, **self.metadata}, indent=1))
+        sizes = dict(sorted({**sizes, **(uploaded or {})}.items()))
+        (staging / MANIFEST_FILE).write_text(dumps({"files": sizes, **self.metadata, **fields}, indent=1))
 
     def _write_or_record(self, snapshot: dict[str, Any], step: int) -> None:
         """Background save: a failure is logged in one line and kept, to be written again at the next save."""
@@ -329,6 +279,8 @@ class CheckpointManager:
             The checkpoint directory's URI.
         """
         self._join()
+        if self._is_sharded(components):
+            return self._save_sharded(components, state, step, block)
         snapshot = self.snapshot(components, state, copy=not block)
         if self.is_main_process:
             if block:
@@ -367,6 +319,8 @@ class CheckpointManager:
 
     def load(self, directory: str, components: dict[str, ModelParts]) -> dict[str, Any]:
         """Restore every component and this rank's RNG; return the saved loop state as a dict."""
+        if self.holds_shards(directory, components):
+            return self._load_sharded(directory, components)
         with tempfile.TemporaryDirectory(prefix="alignflow-resume-") as scratch:
             local = Path(directory) if not is_remote(directory) else Path(scratch)
             if is_remote(directory):
@@ -385,8 +339,14 @@ class CheckpointManager:
                                             (booster.load_lr_scheduler, scheduler, f"{name}.scheduler.pt")):
                 with refusing_pickled_objects(directory / file_name, CheckpointError):
                     load(target, directory / file_name)
+        self._restore_rank_rng(directory, directory)
+        logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
+        return state
+
+    def _restore_rank_rng(self, local: Path, directory: str | Path) -> None:
+        """This rank's RNG state from `local` (the checkpoint `directory` or its downloaded files)."""
         rank = self.booster.plugin.rank
-        rng_file, pickled_rng_file = directory / rng_state_file(rank), directory / f"rng-rank{rank}.pt"
+        rng_file, pickled_rng_file = local / rng_state_file(rank), local / f"rng-rank{rank}.pt"
         if rng_file.is_file():
             self._restore_rng(rng_file)
         elif pickled_rng_file.is_file():
@@ -394,10 +354,7 @@ class CheckpointManager:
                                   "safetensors RNG files, or planted); not loaded, since unpickling runs code. "
                                   "Delete the file to resume without restoring the RNG state")
         else:
-            logger.warning("%s has no RNG state for rank %d (world size changed); RNG not restored",
-                           directory, self.booster.plugin.rank)
-        logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
-        return state
+            logger.warning("%s has no RNG state for rank %d (world size changed); RNG not restored", directory, rank)
 
     @staticmethod
     def _restore_rng(path: Path) -> None:
@@ -429,8 +386,3 @@ class CheckpointManager:
         for name in names:
             if name not in keep and name < latest:
                 self._remove(join_uri(self.root, name))
-
-
-def one_line(err: BaseException) -> str:
-    """The first line of an error's message (boto and torch errors can span many)."""
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -10,7 +10,11 @@ line when the answer is no:
   data by path and by content, the config keys that shape the run: see `run_fingerprint`) must
   match, and so must the
   data-parallel world size (the global batch and each rank's samples depend on it, so a changed
-  world size is refused rather than resumed inexactly).
+  world size is refused rather than resumed inexactly). One exception: a supervised run whose
+  checkpoint is sharded (FSDP2, DCP; resharded on load) resumes on another world size when the run
+  continues exactly: the global batch (micro_batch_size × gradient_accumulation_steps × processes)
+  is unchanged, and under `train.group_by_length` so is micro_batch_size × processes (the sampler's
+  length windows). The sampler's position is a count of samples, so each rank then skips its share.
 
 `restore_history` makes `metrics.jsonl` continue from the resumed step: the checkpoint carries the
 history up to its step, which replaces whatever a killed attempt appended after it.
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpointing.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
+from trainer.checkpointing.sharded import FORMAT as SHARDED_FORMAT
 from trainer.config import StageConfig, as_dict
 from trainer.errors import CheckpointError, ConfigError, RunFinished
 from trainer.lifecycle.data_identity import content_identity
@@ -155,26 +160,65 @@ def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManag
         return [], {}
     manifest = checkpoints.read_json(candidates[0], MANIFEST_FILE)
     check_belongs(candidates[0], manifest, checkpoints.read_json(candidates[0], STATE_FILE),
-                  run_fingerprint(config, stage), world_size)
+                  run_fingerprint(config, stage), world_size, group_by_length=config.train.group_by_length)
     return candidates, manifest
 
 
 def check_belongs(directory: str, manifest: dict[str, Any], state: dict[str, Any], fingerprint: dict[str, Any],
-                  world_size: int) -> None:
-    """CheckpointError (one line) unless the checkpoint was written by this run at this world size."""
+                  world_size: int, group_by_length: bool = False) -> None:
+    """CheckpointError (one line) unless the checkpoint was written by this run at this world size, or is
+    sharded and resumes exactly at this one (see the module docstring)."""
     saved = manifest.get("fingerprint")
+    saved_world = manifest.get("world_size", state.get("world_size"))
+    resize = _resize_problem(manifest, state, saved, fingerprint, saved_world, world_size, group_by_length)
     if saved is not None:
         differences = fingerprint_differences(saved, fingerprint)
+        if resize is not None and _is_reshardable(manifest, state, saved):  # the batch is judged as a whole below
+            differences = [d for d in differences if not d.startswith(BATCH_KEYS)]
         if differences:
             more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
             raise CheckpointError(f"{directory} belongs to another run: {differences[0]}{more}; use another "
                                   "output_dir, or set checkpoint.resume: false and checkpoint.overwrite: true to "
                                   "start over")
-    saved_world = manifest.get("world_size", state.get("world_size"))
-    if saved_world is not None and int(saved_world) != world_size:
+    if resize:
         raise CheckpointError(f"{directory} was written by {saved_world} data-parallel process(es), this run has "
-                              f"{world_size}: the global batch and each rank's samples would change, so it is not "
-                              f"resumed; rerun with {saved_world} process(es), or start a new output_dir")
+                              f"{world_size}: {resize}")
+
+
+BATCH_KEYS = ("train.micro_batch_size", "train.gradient_accumulation_steps")
+
+
+def _is_reshardable(manifest: dict[str, Any], state: dict[str, Any], saved: dict[str, Any] | None) -> bool:
+    """A sharded checkpoint of a supervised run (its position is a sample count), with a fingerprint."""
+    return manifest.get("format") == SHARDED_FORMAT and "samples_in_epoch" in state and saved is not None
+
+
+def _resize_problem(manifest: dict[str, Any], state: dict[str, Any], saved: dict[str, Any] | None,
+                    current: dict[str, Any], saved_world: Any, world_size: int, group_by_length: bool) -> str | None:
+    """None: same world size. "": another world size that resumes exactly. Else why it would not."""
+    if saved_world is None or int(saved_world) == world_size:
+        return None
+    saved_world = int(saved_world)
+    if not _is_reshardable(manifest, state, saved):
+        return (f"the global batch and each rank's samples would change, so it is not resumed; rerun with "
+                f"{saved_world} process(es), or start a new output_dir")
+
+    def sizes(fingerprint: dict[str, Any], world: int) -> tuple[int, int, int]:
+        micro, accumulation = (int(fingerprint.get(key) or 1) for key in BATCH_KEYS)
+        return micro, accumulation, micro * accumulation * world
+
+    (micro, accumulation, batch), (new_micro, new_accumulation, new_batch) = sizes(saved, saved_world), sizes(
+        current, world_size)
+    if new_batch != batch:
+        return (f"its global batch was {batch} (micro_batch_size {micro} x gradient_accumulation_steps "
+                f"{accumulation} x {saved_world}), this run's is {new_batch} ({new_micro} x {new_accumulation} x "
+                f"{world_size}); set train.micro_batch_size and train.gradient_accumulation_steps so it is {batch} "
+                f"to resume this sharded checkpoint")
+    if group_by_length and new_micro * world_size != micro * saved_world:
+        return (f"with train.group_by_length, micro_batch_size x processes must stay {micro * saved_world} "
+                f"(it is {new_micro * world_size}) so the samples are grouped the same way; scale "
+                f"micro_batch_size, not gradient_accumulation_steps, with the process count")
+    return ""
 
 
 def clear_outputs(output_uri: str, exports: tuple[str, ...] = ("model", "critic")) -> None:

@@ -1,0 +1,156 @@
+"""Sharded (FSDP2, DCP) checkpoints: every rank writes its own shards, and a run resumes on another world size.
+
+The torchrun tests run 2 CPU processes on gloo (`sharded_driver.py`). The SFT task has 80 rows; a
+global batch of 20 (micro-batch 5 x accumulation 2 x 2 ranks, or 10 x 2 x 1) is 4 steps an epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import stage_dict
+from tests.integration.conftest import bucket, s3_endpoint  # noqa: F401 - fixtures for the s3:// variant
+from tests.integration.services import free_port
+from trainer.checkpointing.checkpoint import CheckpointManager
+from trainer.checkpointing.sharded import read_metadata
+from trainer.config import build_config
+from trainer.errors import CheckpointError
+from trainer.lifecycle.resume import check_belongs
+from trainer.modeling.models import load_causal_lm
+from trainer.modeling.optim import build_optimizer, build_scheduler
+from trainer.parallel.booster import Booster, SinglePlugin
+from trainer.runtime import DistributedEnv
+from trainer.supervised.stages import run_stage
+
+DRIVER = Path(__file__).with_name("sharded_driver.py")
+REPOSITORY = Path(__file__).parents[3]
+
+
+def sft_config(output_dir: str | Path, tiny_model: Path, task_files: dict, micro_batch_size: int,
+               plugin: str) -> dict:
+    return stage_dict("sft", output_dir, tiny_model, task_files["sft_train"],
+                      train={"micro_batch_size": micro_batch_size, "gradient_accumulation_steps": 2},
+                      parallel={"plugin": plugin})
+
+
+def torchrun(config: dict, dump_dir: Path, stop_after: int | None = None) -> dict[str, torch.Tensor]:
+    """Run the SFT stage on 2 gloo ranks; rank 0's full parameters at the end."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    config_path = dump_dir / "sft.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(DRIVER), str(config_path), str(dump_dir)]
+    command += [str(stop_after)] if stop_after is not None else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return torch.load(dump_dir / "params.pt")
+
+
+def test_fsdp2_checkpoint_is_written_in_shards_and_resumes_on_one_process(tmp_path, tiny_model, task_files):
+    output = tmp_path / "two-then-one"
+    at_stop = torchrun(sft_config(output, tiny_model, task_files, 5, "fsdp2"), tmp_path / "dump", stop_after=2)
+    checkpoint = output / "checkpoints" / "step-00000002"
+
+    # Each rank wrote its own slice of the model and of AdamW's state; no rank wrote (or held) it all.
+    shards = {path.name: path.stat().st_size for path in (checkpoint / "model.dcp").glob("*.distcp")}
+    assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp"]
+    assert max(shards.values()) < 0.6 * sum(shards.values())
+    assert not (checkpoint / "model.pt").exists() and not (checkpoint / "model.optimizer.pt").exists()
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and manifest["world_size"] == 2
+    assert manifest["files"]["model.dcp/__1_0.distcp"] == shards["__1_0.distcp"]  # rank 1's file, listed by rank 0
+
+    # One process without a process group loads the 2-rank checkpoint: the same parameters, resharded.
+    config = build_config("sft", sft_config(output, tiny_model, task_files, 10, "single"))
+    model = load_causal_lm(config.model)
+    optimizer = build_optimizer(model, config.optimizer)
+    scheduler = build_scheduler(optimizer, config.optimizer, 4)
+    manager = CheckpointManager(output / "checkpoints", Booster(SinglePlugin(DistributedEnv(0, 0, 1), torch.device("cpu"))))
+    state = manager.load(str(checkpoint), {"model": (model, optimizer, scheduler)})
+    assert state["global_step"] == 2 and state["samples_in_epoch"] == 40
+    assert manager.shard_files_read["model"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    loaded = model.state_dict()
+    assert loaded.keys() == at_stop.keys()
+    for key in at_stop:
+        torch.testing.assert_close(loaded[key], at_stop[key], rtol=0, atol=0, msg=key)
+    assert all(len(optimizer.state[p]) == 3 for p in model.parameters())  # step, exp_avg, exp_avg_sq restored
+
+    # The same global batch on 1 process (micro-batch 10) continues the run where the 2 ranks stopped:
+    # it ends where an uninterrupted 1-process run ends (2-rank and 1-process steps agree to float error).
+    run_stage(build_config("sft", sft_config(output, tiny_model, task_files, 10, "single")))
+    run_stage(build_config("sft", sft_config(tmp_path / "straight", tiny_model, task_files, 10, "single")))
+    resumed = load_file(output / "model" / "model.safetensors")
+    straight = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert not torch.allclose(resumed["model.embed_tokens.weight"], at_stop["model.embed_tokens.weight"])
+
+
+def test_fsdp2_checkpoint_in_s3_resumes_with_each_rank_reading_only_its_shards(tmp_path, tiny_model, task_files,
+                                                                               bucket):  # noqa: F811
+    output = f"s3://{bucket}/sft"
+    config = sft_config(output, tiny_model, task_files, 5, "fsdp2")
+    torchrun(config, tmp_path / "first", stop_after=2)
+    final = torchrun(config, tmp_path / "second")
+
+    read = [json.loads((tmp_path / "second" / f"read-rank{rank}.json").read_text())["model"] for rank in (0, 1)]
+    assert "__0_0.distcp" in read[0] and "__1_0.distcp" in read[1]
+    assert "__0_0.distcp" not in read[1]  # rank 1's slices lie in its own file: rank 0's is never downloaded
+    assert final.keys() and all(torch.isfinite(value).all() for value in final.values())
+
+
+def manifest_of(world_size: int, micro_batch_size: int, accumulation: int, format: str = "dcp") -> dict:
+    return {"format": format, "world_size": world_size,
+            "fingerprint": {"stage": "sft", "train.micro_batch_size": micro_batch_size,
+                            "train.gradient_accumulation_steps": accumulation}}
+
+
+def fingerprint_of(micro_batch_size: int, accumulation: int) -> dict:
+    return manifest_of(1, micro_batch_size, accumulation)["fingerprint"]
+
+
+SUPERVISED_STATE = {"global_step": 2, "samples_in_epoch": 40}
+
+
+def test_sharded_checkpoint_resumes_on_another_world_size_only_with_the_same_global_batch():
+    # 2 x 5 x 2 = 20 = 1 x 10 x 2: allowed.
+    check_belongs("ckpt", manifest_of(2, 5, 2), SUPERVISED_STATE, fingerprint_of(10, 2), 1, group_by_length=True)
+    # 2 x 5 x 2 = 20 = 1 x 5 x 4: allowed without length grouping (its windows are micro-batch x ranks).
+    check_belongs("ckpt", manifest_of(2, 5, 2), SUPERVISED_STATE, fingerprint_of(5, 4), 1)
+    with pytest.raises(CheckpointError, match=r"micro_batch_size x processes must stay 10 \(it is 5\)"):
+        check_belongs("ckpt", manifest_of(2, 5, 2), SUPERVISED_STATE, fingerprint_of(5, 4), 1, group_by_length=True)
+    with pytest.raises(CheckpointError, match=r"its global batch was 20 \(micro_batch_size 5 x gradient_accumulation"
+                                              r"_steps 2 x 2\), this run's is 10 \(5 x 2 x 1\)"):
+        check_belongs("ckpt", manifest_of(2, 5, 2), SUPERVISED_STATE, fingerprint_of(5, 2), 1)
+
+
+def test_changed_world_size_is_still_refused_for_full_and_online_checkpoints():
+    with pytest.raises(CheckpointError, match=r"written by 2 data-parallel process\(es\), this run has 1"):
+        check_belongs("ckpt", manifest_of(2, 5, 2, format="full"), SUPERVISED_STATE, fingerprint_of(5, 2), 1)
+    with pytest.raises(CheckpointError, match=r"written by 2 data-parallel process\(es\), this run has 1"):
+        check_belongs("ckpt", manifest_of(2, 5, 2), {"episode": 3}, fingerprint_of(5, 2), 1)  # online: no sample count
+    with pytest.raises(CheckpointError, match=r"belongs to another run: train.micro_batch_size is 5 there, 10 here"):
+        check_belongs("ckpt", manifest_of(1, 5, 2), SUPERVISED_STATE, fingerprint_of(10, 2), 1)  # same world size
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.system, ("echo planted",))
+
+
+def test_planted_dcp_metadata_is_refused_not_unpickled(tmp_path):
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(_Planted()))
+    with pytest.raises(CheckpointError, match=r"\.metadata: not a DCP metadata file \(posix\.system is not part"):
+        read_metadata(path)
