@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
@@ -22,7 +22,11 @@ from torch import nn
 from trainer.compat import dtype_keyword
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.parallel.booster import Plugin
 from trainer.modeling import value_heads
+from trainer.modeling.sharded_load import build_on_meta, can_load_sharded, materialize_shards
 from trainer.modeling.value_heads import find_value_head
 
 logger = logging.getLogger(__name__)
@@ -83,21 +87,32 @@ def load_tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "model.path") -> nn.Module:
+def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "model.path",
+                   plugin: Plugin | None = None) -> nn.Module:
     """An `AutoModelForCausalLM` from `path` (default `config.path`), with the config's options applied.
 
     Args:
         config: Model options (attention kernel, gradient checkpointing, LoRA).
         path: Directory to load instead of `config.path` (e.g. a DPO reference).
         key: The config key `path` came from, named in errors.
+        plugin: With one that shards parameters (FSDP2), the model is built on the meta device,
+            sharded, and each rank reads only its slices of the weights (`trainer.modeling.sharded_load`);
+            it comes back wrapped, on the plugin's device, and `Booster.boost` leaves it as it is.
 
     Returns:
-        The model, on CPU, in fp32.
+        The model in fp32: on CPU, or sharded as above.
     """
     from transformers import AutoModelForCausalLM
 
-    model = _from_pretrained(AutoModelForCausalLM.from_pretrained, _check_path(path or config.path, key), key,
-                             attn_implementation=config.attn_implementation, **dtype_keyword(torch.float32))
+    directory = _check_path(path or config.path, key)
+    options = {"attn_implementation": config.attn_implementation, **dtype_keyword(torch.float32)}
+    if plugin is not None and plugin.shards_parameters:
+        if can_load_sharded(directory):
+            model = _apply_options(build_on_meta(AutoModelForCausalLM, directory, **options), config)
+            return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key)
+        logger.info("%s: %s has no safetensors weights (or torch has no DCP HF reader): every rank loads it whole",
+                    key, directory)
+    model = _from_pretrained(AutoModelForCausalLM.from_pretrained, directory, key, **options)
     return _apply_options(model, config)
 
 
@@ -128,11 +143,19 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
 
 
 def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: torch.device, path: str | None = None,
-                key: str = "model.path") -> nn.Module:
+                key: str = "model.path", plugin: Plugin | None = None) -> nn.Module:
     """A model that is only read (a reference, a reward model): loaded by `loader` (`load_causal_lm` or
-    `load_value_model`) without LoRA or activation checkpointing, with no gradients, in eval mode, on `device`."""
+    `load_value_model`) without LoRA or activation checkpointing, with no gradients, in eval mode, on `device`.
+
+    With an FSDP2 `plugin` (and `load_causal_lm`) it is sharded like the trained model: each rank holds
+    1/world of it, and every forward all-gathers one layer at a time, so every rank must run the same
+    number of forwards through it (a collective), as the training step does.
+    """
     plain = config.model_copy(update={"lora": None, "gradient_checkpointing": False})
-    return loader(plain, path, key=key).requires_grad_(False).eval().to(device)
+    sharded = plugin is not None and plugin.shards_parameters and loader is load_causal_lm
+    model = loader(plain, path, key=key, plugin=plugin) if sharded else loader(plain, path, key=key)
+    model = model.requires_grad_(False).eval()
+    return model if sharded else model.to(device)
 
 
 def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:

@@ -12,7 +12,9 @@ booster. Plugins say where the process stands (world size, rank, device) and how
   (TorchDDP, LowLevelZero, Gemini, HybridParallel); `build_booster` picks its `ColossalAIBooster`.
 
 Checkpoints hold *full* (unsharded) state dicts in one file each, written by rank 0 and read by
-every rank, so a checkpoint written under one plugin or world size loads under another.
+every rank, so a checkpoint written under one plugin or world size loads under another. Under FSDP2
+they are written in shards by every rank instead (`trainer.checkpointing.sharded`, no gather), and
+those load under any plugin and world size too (DCP reshards).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Plugin:
     """
 
     booster_class: type[Booster]  # set below `Booster`: the booster that drives this plugin (`build_booster`)
+    shards_parameters = False
+    """Whether each rank holds only a slice of every parameter (models can then load straight into
+    shards, `trainer.modeling.sharded_load`, and checkpoints are written in shards)."""
 
     def __init__(self, env: DistributedEnv, device: torch.device) -> None:
         self.env = env
@@ -72,6 +77,10 @@ class Plugin:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
+    def is_wrapped(self, model: nn.Module) -> bool:
+        """Whether `model` was wrapped already (loaded straight into shards), so `Booster.boost` keeps it."""
+        return False
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce for a micro-batch that is not the last of a step."""
         return contextlib.nullcontext()
@@ -91,6 +100,13 @@ class DDPPlugin(Plugin):
 
 
 class FSDP2Plugin(Plugin):
+    shards_parameters = True
+
+    def is_wrapped(self, model: nn.Module) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(model, FSDPModule)
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
@@ -174,7 +190,8 @@ class Booster:
         Returns:
             (model, optimizer, criterion, dataloader, lr_scheduler), as ColossalAI's booster does.
         """
-        model = self.plugin.wrap_model(model.to(self.plugin.device))
+        if not self.plugin.is_wrapped(model):
+            model = self.plugin.wrap_model(model.to(self.plugin.device))
         if optimizer is not None:
             self._model_of_optimizer[id(optimizer)] = model
         return model, optimizer, criterion, dataloader, lr_scheduler

@@ -1,0 +1,96 @@
+"""Loading a Hugging Face model straight into FSDP2 shards: no rank ever holds the whole model.
+
+A plain `from_pretrained` on every rank costs each rank the full model in fp32 (28 GB for 7B)
+before `fully_shard` frees most of it. Here the model is built from its `config.json` with its
+parameters on the meta device (no memory, no init work), sharded by the plugin while still empty,
+given storage for this rank's slices only (`to_empty`), and filled from the safetensors files by
+`torch.distributed.checkpoint`'s Hugging Face reader, which plans each rank's reads from the
+tensors' shapes and reads only its slices (`safe_open(...).get_slice`), converting to the
+parameters' dtype as it copies. Peak memory per rank is its shard plus one slice being copied.
+
+Buffers (rotary frequencies and the like) are computed in `__init__` and are not in the weights
+file, so they are built for real on every rank (they are small) and kept across `to_empty`.
+What it leaves out: `pytorch_model.bin` directories and torch releases without DCP's HF reader
+(both load whole, as before, with one logged line); LoRA (rejected with FSDP2 earlier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device and their buffers for real.
+
+    `torch.device("meta")` would put buffers on meta too, and those computed in `__init__` could
+    not be recovered; so, as accelerate's `init_empty_weights(include_buffers=False)` does,
+    `nn.Module.register_parameter` is wrapped for the duration of the block (model building is
+    single-threaded). Initialisers then run on meta tensors, which costs nothing.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, parameter: nn.Parameter | None) -> None:
+        register(module, name, parameter)
+        if parameter is not None and parameter.device.type != "meta":
+            module._parameters[name] = type(parameter)(parameter.to("meta"), requires_grad=parameter.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def can_load_sharded(directory: Path) -> bool:
+    """Safetensors weights, and a torch with DCP's Hugging Face reader."""
+    import torch.distributed.checkpoint as dcp
+
+    return hasattr(dcp, "HuggingFaceStorageReader") and any(directory.glob("*.safetensors"))
+
+
+def build_on_meta(auto_class: Any, directory: Path, **kwargs: Any) -> nn.Module:
+    """`auto_class` (e.g. `AutoModelForCausalLM`) from `directory`'s config.json, parameters on meta."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    with parameters_on_meta():
+        return auto_class.from_config(config, **kwargs)
+
+
+def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, directory: Path, key: str) -> nn.Module:
+    """Shard a meta-device `model` with `wrap` (FSDP2's `fully_shard` per layer and root), give each rank
+    storage for its slices on `device`, and read them from `directory`'s safetensors files (a collective).
+
+    Returns:
+        The wrapped model with its weights, on `device`.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    model = wrap(model)
+    model.to_empty(device=device)  # parameters: this rank's slices, uninitialised; buffers: emptied too
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+    # named_parameters lists a tied weight once (under its first name), as the weights file does.
+    state = dict(model.named_parameters())
+    try:
+        dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
+    except (CheckpointException, RuntimeError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{key}: cannot load the weights in {directory} into shards: {first}") from err
+    logger.info("%s: loaded %s into shards (meta-device build, each rank reads its slices)", key, directory)
+    return model
