@@ -111,7 +111,16 @@ def resolve_pipeline_and_params(args: argparse.Namespace) -> tuple[str, dict]:
     unknown = sorted(set(params) - accepted)
     if unknown:
         raise PipelineError(f"{pipeline} has no parameter(s) {unknown}; it takes {sorted(accepted)}")
-    return pipeline, params
+    return pipeline, check_scheduling(params)
+
+
+def check_scheduling(params: dict) -> dict:
+    """`params` with its `scheduling` overrides checked here, before a run starts (LaunchError naming the key)."""
+    from components.launcher.scheduling import scheduling_overrides
+
+    if params.get("scheduling") not in (None, "", {}):
+        scheduling_overrides(params["scheduling"], "parameter scheduling")
+    return params
 
 
 def run_remote(args: argparse.Namespace) -> int:
@@ -172,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from pipelines.local_run import run_and_summarise
 
-            print(run_and_summarise(args.pipeline, args.root, parse_params(args.param), args.preset))
+            print(run_and_summarise(args.pipeline, args.root, check_scheduling(parse_params(args.param)), args.preset))
     except AlignflowError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_ERROR

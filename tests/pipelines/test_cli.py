@@ -34,3 +34,17 @@ def test_missing_output_flag_is_an_argument_error(capsys):
         main(["compile", "rlhf-dpo"])
     assert exit_info.value.code == 2
     assert "-o/--output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "value", "expected"), [
+    ("submit", '{"cpu_request": "eight"}', "LaunchError: parameter scheduling.cpu_request is 'eight', expected a "
+                                           "Kubernetes quantity"),
+    ("submit", '{"memory": "8Gi"}', "LaunchError: parameter scheduling has unknown key(s) memory"),
+    ("run", "{cpu_request: 8}", "LaunchError: parameter scheduling is not valid JSON"),
+])
+def test_a_bad_scheduling_parameter_fails_before_anything_runs_or_is_sent(command, value, expected, tmp_path, capsys):
+    # The host does not exist: the check must come before any connection (and, for run, any local task).
+    where = ["--host", "http://127.0.0.1:9"] if command == "submit" else ["--root", str(tmp_path)]
+    assert main([command, "rlhf-dpo", *where, "--param", f"scheduling={value}"]) == 2
+    assert expected in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
