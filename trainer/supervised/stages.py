@@ -74,7 +74,7 @@ def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     # Data first: a bad row should fail before a large model spends time loading.
     train = _load_split(load_sft_dataset, config.data.train_path, context)
     evaluation = _load_split(load_sft_dataset, config.data.eval_path, context)
-    return StageParts(load_causal_lm(config.model), train, evaluation, collate, SFTObjective())
+    return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, SFTObjective())
 
 
 def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[dict]], dict]:
@@ -96,15 +96,18 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
     reference = None
     if options.loss_type != "simpo" and not options.reference_free:
+        # Sharded under FSDP2 when it runs beside the policy (every rank, every step: its all-gathers line
+        # up); precomputing splits the pairs unevenly across ranks, so that reference loads whole.
         reference = load_frozen(load_causal_lm, config.model, context.plugin.device, options.ref_model_path,
-                                key="dpo.ref_model_path")
+                                key="dpo.ref_model_path",
+                                plugin=None if options.precompute_ref_log_probs else context.plugin)
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):
                 _attach_reference_logps(reference, examples, collate, context)
             reference = None  # freed: the batches now carry the reference log-probs
     objective = DPOObjective(beta=options.beta, loss_type=options.loss_type, label_smoothing=options.label_smoothing,
                              simpo_gamma=options.simpo_gamma, rpo_alpha=options.rpo_alpha, ref_model=reference)
-    return StageParts(load_causal_lm(config.model), train, evaluation, collate, objective)
+    return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, objective)
 
 
 @torch.no_grad()
