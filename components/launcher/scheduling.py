@@ -33,11 +33,11 @@ PLATFORM_FIELDS = {
     "active_deadline_seconds": ("ALIGNFLOW_ACTIVE_DEADLINE_SECONDS", "seconds"),
     "pending_timeout_seconds": ("ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "seconds"),
 }
-# What a run may override through its `scheduling` parameter (service account and Secrets stay the platform's).
+# What a run may override through its `scheduling` parameter. Service account, priority class and Kueue queue
+# stay the platform's: they decide whose quota and which preemption rank a job gets, not how it runs.
 OVERRIDE_KINDS = {
     **{name: kind for name, (_, kind) in PLATFORM_FIELDS.items()},
-    "node_selector": "object", "tolerations": "list", "gpu_resource": "text", "priority_class": "text",
-    "kueue_queue": "text", "timeout_seconds": "seconds",
+    "node_selector": "object", "tolerations": "list", "gpu_resource": "text", "timeout_seconds": "seconds",
 }
 EXPECTED = {"object": "a JSON object", "list": "a JSON list of objects", "text": "a string",
             "quantity": "a Kubernetes quantity such as '8', '500m' or '16Gi'",

@@ -96,6 +96,8 @@ def test_a_bad_configmap_value_is_one_error_naming_its_key(variable, value, expe
     ({"active_deadline_seconds": 0}, "scheduling.active_deadline_seconds is 0, expected a positive number"),
     ({"cpu": "8"}, "scheduling has unknown key(s) cpu; expected any of"),
     ({"service_account": "cluster-admin"}, "scheduling has unknown key(s) service_account"),
+    ({"kueue_queue": "other-team", "priority_class": "system-node-critical"},
+     "scheduling has unknown key(s) kueue_queue, priority_class"),
     ("[1, 2]", "scheduling is [1, 2], expected a JSON object"),
 ])
 def test_a_bad_scheduling_parameter_is_one_error_naming_its_key(overrides, expected):
