@@ -7,11 +7,16 @@ plus `beta` times the k3 KL estimate to the reference (eq. 4). Aggregation:
 - `token`: mean over every response token of the global batch (DAPO-style, no length bias);
 - `sequence`: mean over tokens within each response, then over responses (the paper's eq. 3).
 
+With `beta` 0 (as in DAPO and Dr. GRPO) there is no KL term: no reference model is loaded or run,
+and `kl/ref` is not logged. When the update is exactly on-policy (one optimizer step per rollout)
+the batch carries no `old_logps`: the ratio is taken against the current log-probs as constants
+(`ppo.old_or_current_logps`), which equals the explicit forward on the same weights.
+
 A group whose responses all score the same carries no signal: its advantages are 0 (not NaN).
 Stale experience from the asynchronous engine is corrected as `ppo` describes (the batch's
 `importance_weights` multiply the clipped surrogate; the KL term is left unweighted).
 
-Logged metrics: `loss`, `kl/ref` (mean k3 to the reference), `clip_fraction`.
+Logged metrics: `loss`, `kl/ref` (mean k3 to the reference; only with `beta` > 0), `clip_fraction`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput
-from trainer.algorithms.ppo import clipped_policy_loss, kl_estimate, response_logps
+from trainer.algorithms.ppo import clipped_policy_loss, kl_estimate, old_or_current_logps, response_logps
 
 
 def group_advantages(scores: Tensor, num_generations: int, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
@@ -54,17 +59,17 @@ class GRPOObjective:
         mask = batch["action_mask"].float()  # (B, T)
         logps = response_logps(model, batch)  # (B, T)
         advantages = batch["advantages"]  # (B, T): the sequence advantage on every response token
-        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], advantages, cliprange=self.epsilon,
-                                              importance_weights=batch.get("importance_weights"))
-        kl = kl_estimate(logps, batch["ref_logps"], "k3")
-        per_token = losses + self.beta * kl  # (B, T)
+        losses, clipped = clipped_policy_loss(logps, old_or_current_logps(batch, logps), advantages,
+                                              cliprange=self.epsilon, importance_weights=batch.get("importance_weights"))
         if self.loss_aggregation == "token":
             weights = mask
         else:  # each response weighs 1, spread evenly over its tokens
             weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)
-        stats = {
-            "loss": (per_token.detach() * weights).sum(),
-            "kl/ref": (kl.detach() * weights).sum(),
-            "clip_fraction": (clipped * weights).sum(),
-        }
+        per_token = losses  # (B, T)
+        stats = {"clip_fraction": (clipped * weights).sum()}
+        if self.beta > 0:  # beta 0: the batch has no reference log-probs, and the term would be 0
+            kl = kl_estimate(logps, batch["ref_logps"], "k3")  # (B, T)
+            per_token = losses + self.beta * kl
+            stats["kl/ref"] = (kl.detach() * weights).sum()
+        stats["loss"] = (per_token.detach() * weights).sum()
         return LossOutput(total=(per_token * weights).sum(), count=self.count_units(batch), stats=stats)

@@ -147,19 +147,45 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(logps.exp() * logps).sum(-1)
 
 
+def first_response_column(batch: dict[str, Tensor]) -> int:
+    """The first column any row's `action_mask` marks (prompts are left-padded, so responses start together).
+
+    0 when the batch has no `action_mask` or no response token, which keeps every position.
+    """
+    if "action_mask" not in batch:
+        return 0
+    columns = batch["action_mask"].bool().any(0).nonzero()  # (n, 1)
+    return int(columns[0]) if len(columns) else 0
+
+
 def response_logps(model: nn.Module, batch: dict[str, Tensor], *, with_entropy: bool = False):
     """Log-probs of each token given its prefix, aligned so position t scores token t. (B, T).
 
-    Position 0 has no prefix and gets 0; callers multiply by the action mask anyway.
+    Position 0 has no prefix and gets 0; callers multiply by the action mask anyway. Logits are
+    computed only from the column before the first response token on (`logits_to_keep`): the
+    prompt's own tokens are never scored, and with a large vocabulary their (B, P, V) logits would be
+    the biggest tensor of the step. Positions before that column hold 0 (log-probs and entropy).
     """
+    start = max(first_response_column(batch) - 1, 0)  # the logit at start scores token start + 1
+    keep = {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 else {}
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch.get("position_ids"), use_cache=False).logits
+                   position_ids=batch.get("position_ids"), use_cache=False, **keep).logits  # (B, T - start, V)
     # Every token of a sampled sequence is its own label: the one log-prob gather of the project.
-    picked, _ = token_logps(logits, batch["input_ids"])  # (B, T-1) scores tokens 1..T-1
-    logps = torch.nn.functional.pad(picked, (1, 0))  # (B, T)
+    picked, _ = token_logps(logits, batch["input_ids"][:, start:])  # (B, T-start-1) scores tokens start+1..T-1
+    logps = torch.nn.functional.pad(picked, (start + 1, 0))  # (B, T)
     if not with_entropy:
         return logps
-    return logps, torch.nn.functional.pad(entropy_from_logits(logits[:, :-1].float()), (1, 0))
+    return logps, torch.nn.functional.pad(entropy_from_logits(logits[:, :-1].float()), (start + 1, 0))
+
+
+def old_or_current_logps(batch: dict[str, Tensor], logps: Tensor) -> Tensor:
+    """The batch's `old_logps`, or, when the rollout left them out because the update is exactly on-policy
+    (its only optimizer step runs on the weights that sampled it), the current log-probs as constants.
+
+    Then ratio = exp(logps - logps.detach()) is 1 with the gradient of logps, which is what the explicit
+    old-log-prob forward gives on the same weights, without that forward. (B, T).
+    """
+    return batch["old_logps"] if "old_logps" in batch else logps.detach()
 
 
 def response_values(critic: nn.Module, batch: dict[str, Tensor]) -> Tensor:
@@ -207,10 +233,11 @@ class PPOActorObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mask = batch["action_mask"].float()
         logps, entropy = response_logps(model, batch, with_entropy=True)  # (B, T) each
-        losses, clipped = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], cliprange=self.cliprange,
+        old_logps = old_or_current_logps(batch, logps)
+        losses, clipped = clipped_policy_loss(logps, old_logps, batch["advantages"], cliprange=self.cliprange,
                                               importance_weights=batch.get("importance_weights"))
         total = (losses * mask).sum() - self.entropy_coef * (entropy * mask).sum()
-        log_ratio = (logps - batch["old_logps"]).detach()
+        log_ratio = (logps - old_logps).detach()
         stats = {
             "loss": (losses.detach() * mask).sum(),
             "clip_fraction": (clipped * mask).sum(),

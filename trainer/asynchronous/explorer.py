@@ -17,7 +17,8 @@ Each batch records the weight version that generated it and the per-token log-pr
 responses under those weights (`behaviour_logps`, the same untempered softmax the trainer
 computes), which the trainer needs to correct for staleness (`trainer.asynchronous.staleness`).
 Weights come from the weights directory, or from an in-process `Synchronizer` when the explorer
-is a thread of the trainer's process.
+is a thread of the trainer's process. Responses are sampled through the stage's rollout engine
+(`rollout.engine`, `trainer.online.engines`), which is synced to each newly loaded version.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from trainer.data.dataset import load_rows
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
+from trainer.online.engines import build_rollout_engine
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
 from trainer.online.reward_sources import build_scorer
@@ -65,7 +67,8 @@ class Explorer:
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
         self.tokenizer = load_tokenizer(config.model.path)
-        self.policy = load_frozen(load_causal_lm, config.model, self.device)
+        self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
+        self.engine = build_rollout_engine(config.rollout, self.policy)
         self.version = -1
         self.scorer = build_scorer(config, self.device)
         self.rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
@@ -93,6 +96,7 @@ class Explorer:
             else:
                 self.version, state = load_version(weights_dir(self.config))
             self.policy.load_state_dict(state)
+            self.engine.sync_from(self.policy)  # the `hf` engine samples with self.policy: nothing to copy
             logger.info("explorer loaded weight version %d", self.version)
 
     def seek(self, batches_done: int) -> None:
@@ -104,7 +108,7 @@ class Explorer:
     def make_batch(self) -> Experience:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
-        rollout = generate_and_score(self.policy, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
         behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
         return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
                           behaviour_logps=behaviour_logps.cpu(), version=self.version)

@@ -44,6 +44,7 @@ from trainer.config.stages import (  # noqa: F401
     RewardAlgorithmConfig,
     RewardConfig,
     RewardSourceConfig,
+    RolloutConfig,
     SFTAlgorithmConfig,
     SFTConfig,
     StageConfig,

@@ -153,6 +153,13 @@ class GenerationConfig(Section):
     stop: list[str] = Field(default_factory=list, description="Extra stop tokens (each one token); EOS always stops.")
 
 
+class RolloutConfig(Section):
+    engine: Literal["hf"] = Field(
+        "hf", description="What samples the responses (`trainer.online.engines`): `hf` is Hugging Face `generate` "
+        "with its KV cache, on the policy itself. A vLLM or SGLang engine for GPU images plugs in there; none ships yet.",
+    )
+
+
 class RewardSourceConfig(Section):
     model_path: str | None = Field(None, description="Reward model directory (the `rm` stage's `<output_dir>/model`).")
     function: str | None = Field(
@@ -260,6 +267,7 @@ class OnlineStageConfig(StageConfig):
     checkpoint: OnlineCheckpointConfig = Field(default_factory=OnlineCheckpointConfig,
                                                description="Saving (per episode) and resuming.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling of responses.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="The engine that samples responses.")
     reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
     asynchronous: AsynchronousConfig = Field(default_factory=AsynchronousConfig,
                                        description="The experience-driven Trainer and explorer (modes train/explore/both).")

@@ -20,6 +20,7 @@ from torch import nn
 from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
+from trainer.online.engines import RolloutEngine
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
 from trainer.online.rollout import ScoredRollout, generate_and_score
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env
@@ -30,10 +31,12 @@ SAMPLES_KEPT = 10
 
 
 @torch.no_grad()
-def mean_score(model: nn.Module, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
+def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
                device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
                batch_size: int = 64) -> tuple[list[float], list[ScoredRollout]]:
     """Mean score of `model`'s responses to `rows` under each scorer; this rank's rows are `rows[rank::world_size]`.
+
+    `model` is a model (sampled by the default `hf` engine) or a training run's rollout engine.
 
     Returns:
         One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.

@@ -3,11 +3,21 @@
 An episode collects `num_collect_steps` batches of rollouts from the prompt stream, annotates
 them (old and reference log-probs; PPO: values, KL-shaped rewards and GAE; GRPO: group-normalised
 advantages), then takes `num_update_epochs` passes over the episode's experience in minibatches.
-Every optimizer step goes through `algorithms.update.train_step` with the algorithm's objective.
+Every optimizer step goes through `algorithms.update.train_step` with the algorithm's objective;
+`NonFiniteGuard` counts the steps it skips for a non-finite loss or gradient norm
+(`train/nonfinite_skipped`, `critic/nonfinite_skipped`) and fails the run after
+`train.max_nonfinite_steps` in a row.
+
+Work that cannot change the result is left out: no reference model without a KL term
+(`needs_reference`), and no "old" log-prob forward when the episode's only optimizer step runs on
+the weights that sampled it (`is_exactly_on_policy`; the objective then takes the current log-probs
+as constants, `ppo.old_or_current_logps`). Responses are sampled through the configured
+`RolloutEngine` (`trainer.online.engines`).
 
 The pieces the asynchronous engine (`trainer.asynchronous`) shares with this loop are module
 functions here, so each exists once: `compute_advantages`, `build_actor_objective`,
-`build_critic_objective`, `critic_metric_names`, `build_kl_controller` and `micro_batches`.
+`build_critic_objective`, `critic_metric_names`, `build_kl_controller`, `needs_reference` and
+`micro_batches`.
 """
 
 from __future__ import annotations
@@ -31,11 +41,12 @@ from trainer.algorithms.ppo import (
     shape_rewards,
     whiten,
 )
-from trainer.algorithms.update import train_step
+from trainer.algorithms.update import NonFiniteGuard, train_step
 from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
+from trainer.online.engines import RolloutEngine, build_rollout_engine
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import generate_and_score
@@ -63,12 +74,35 @@ def compute_advantages(experience: Experience, config: OnlineStageConfig, kl_coe
         advantages = group_advantages(experience.scores, options.num_generations, scale=options.scale_rewards)  # (B,)
         return replace(experience, advantages=advantages[:, None] * mask)
     options = config.ppo
-    kl = kl_estimate(experience.old_logps, experience.ref_logps, options.kl_estimator) * mask
+    if experience.ref_logps is None:  # no reference (kl_coef 0, `needs_reference`): no KL penalty to shape
+        kl = torch.zeros_like(mask)
+    else:
+        kl = kl_estimate(experience.old_logps, experience.ref_logps, options.kl_estimator) * mask
     rewards = shape_rewards(experience.scores, kl, mask, kl_coef=kl_coef, reward_clip=options.reward_clip)
     advantages, returns = gae_advantages(rewards, experience.values, mask, gamma=options.gamma, lam=options.lam)
     if options.whiten_advantages:
         advantages = whiten(advantages, mask)
     return replace(experience, rewards=rewards, advantages=advantages, returns=returns)
+
+
+def needs_reference(config: OnlineStageConfig) -> bool:
+    """Whether the stage reads a frozen reference: GRPO with `beta` > 0; PPO with a KL penalty
+    (`kl_coef` > 0) or a KL target. Without one, no reference model is loaded or run."""
+    if isinstance(config, GRPOConfig):
+        return config.grpo.beta > 0
+    return config.ppo.kl_coef > 0 or config.ppo.target_kl is not None
+
+
+def is_exactly_on_policy(config: OnlineStageConfig, sample_buffer: bool = False) -> bool:
+    """Whether an episode takes exactly one optimizer step, on all of its experience.
+
+    That step runs on the weights that sampled the rollout, so the "old" log-probs equal the
+    current ones and need no forward of their own. With several minibatches or epochs, every step
+    after the first sees updated weights and needs the old log-probs of the rollout.
+    """
+    options = config.algorithm
+    rows_per_rank = options.rollout_batch_size * options.num_collect_steps * config.num_generations
+    return options.num_update_epochs == 1 and (sample_buffer or rows_per_rank <= options.mini_batch_size)
 
 
 def build_actor_objective(config: OnlineStageConfig) -> Any:
@@ -126,7 +160,7 @@ class PPOTrainer(OLTrainer):
             As in `OLTrainer`.
         actor: (model, optimizer, scheduler) of the policy.
         critic: (model, optimizer, scheduler) of the value model; None for GRPO.
-        ref_model: Frozen reference policy.
+        ref_model: Frozen reference policy; None when the stage has no KL term (`needs_reference`).
         scorer: Scores rollouts (reward model or function), see `trainer.online.reward_sources`.
         tokenizer: Encodes prompts and decodes responses.
         config: The stage config.
@@ -135,6 +169,7 @@ class PPOTrainer(OLTrainer):
         tracker: Receives metrics (no-op off rank 0).
         ptx_batches: Optional SFT batches for the pretraining loss, cycled through.
         stop_after_episodes: Save and stop after this episode count (a simulated preemption).
+        engine: Samples the responses; default the stage's `rollout.engine` on the actor.
 
     With `sample_buffer` set, `fit` skips `_setup_update_phase_dataload` and each update step trains
     on one minibatch sampled (without replacement within the step) from the episode's experience.
@@ -142,9 +177,10 @@ class PPOTrainer(OLTrainer):
 
     def __init__(self, actor_booster: Booster, critic_booster: Booster | None, data_buffer: ReplayBuffer,
                  sample_buffer: bool = False, dataloader_pin_memory: bool = True, callbacks: list | None = None, *,
-                 actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module, scorer: Any, tokenizer: Any,
-                 config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager, tracker: Tracker,
-                 ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None) -> None:
+                 actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module | None, scorer: Any,
+                 tokenizer: Any, config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager,
+                 tracker: Tracker, ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None,
+                 engine: RolloutEngine | None = None) -> None:
         super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
         self.actor, self.actor_optimizer, self.actor_scheduler = actor
         self.critic, self.critic_optimizer, self.critic_scheduler = critic or (None, None, None)
@@ -163,6 +199,9 @@ class PPOTrainer(OLTrainer):
         self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
         self.global_step = 0
         self.kl_controller = build_kl_controller(config)
+        self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor)
+        self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
+        self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
         self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
         self._experience: Experience | None = None  # the episode's experience, once concatenated
@@ -172,7 +211,7 @@ class PPOTrainer(OLTrainer):
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        rollout = generate_and_score(self.actor, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
         self.samples = rollout.samples(SAMPLES_KEPT)
         return rollout.batch, rollout.scores
 
@@ -180,16 +219,26 @@ class PPOTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._experience = None  # a new episode
+            self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
         batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
         return self.annotate(batch, scores)
 
     @torch.no_grad()
     def annotate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor, version: int = 0) -> Experience:
-        """Add log-probs, values (PPO), rewards and advantages to freshly generated sequences."""
+        """Add log-probs, values (PPO), rewards and advantages to freshly generated sequences.
+
+        Old log-probs are left out when the update is exactly on-policy and no reference needs them
+        (for the KL-shaped rewards and `episode/kl_to_ref`); reference log-probs without a reference.
+        """
         mask = batch["action_mask"].float()
         values = response_values(self.critic, batch) * mask if self.critic is not None else None
-        experience = Experience(**batch, scores=scores, old_logps=response_logps(self.actor, batch) * mask,
-                                ref_logps=response_logps(self.ref_model, batch) * mask, values=values, version=version)
+        has_reference = self.ref_model is not None
+        old_logps = None
+        if has_reference or not is_exactly_on_policy(self.config, self.sample_buffer):
+            old_logps = response_logps(self.actor, batch) * mask
+        ref_logps = response_logps(self.ref_model, batch) * mask if has_reference else None
+        experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
+                                version=version)
         return compute_advantages(experience, self.config, self.kl_controller.value)
 
     # -- learn --------------------------------------------------------------------------------------
@@ -225,28 +274,41 @@ class PPOTrainer(OLTrainer):
         ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)] if self.ptx_batches else None
         batches = micro_batches(minibatch, self.config.train.micro_batch_size, self.device, ptx,
                                 self.dataloader_pin_memory)
+        step = self.global_step + 1
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
                              build_actor_objective(self.config), self.config.optimizer.max_grad_norm)
+        self.nonfinite.observe(metrics, step)  # a TrainingError after too many in a row
+        metrics["train/nonfinite_skipped"] = float(self.nonfinite.total)
         if self.critic is not None:
             critic_metrics = train_step(self.critic_booster, self.critic, self.critic_optimizer, self.critic_scheduler,
                                         batches, build_critic_objective(self.config),
                                         self.config.optimizer.max_grad_norm)
+            self.critic_nonfinite.observe({**critic_metrics, "loss": critic_metrics.get("value_loss")}, step)
+            critic_metrics["nonfinite_skipped"] = float(self.critic_nonfinite.total)
             metrics.update(critic_metric_names(critic_metrics))
         return metrics
 
+    def check_finite_end(self) -> None:
+        """TrainingError if the run ends inside a streak of skipped steps: that model is not exported."""
+        self.nonfinite.check_end(self.global_step)
+        self.critic_nonfinite.check_end(self.global_step)
+
     def _log_episode(self, experience: Experience) -> None:
         mask = experience.action_mask.float()
-        kl_to_ref = ((experience.old_logps - experience.ref_logps) * mask).sum(-1)  # (B,) k1 per sequence
+        has_kl = experience.ref_logps is not None  # no reference: no KL to report (nor to adapt kl_coef to)
+        kl_to_ref = ((experience.old_logps - experience.ref_logps) * mask).sum(-1) if has_kl \
+            else torch.zeros(len(experience), device=mask.device)  # (B,) k1 per sequence
         local = torch.stack([experience.scores.float().sum(), mask.sum(), kl_to_ref.sum(),
                              torch.tensor(float(len(experience)), device=mask.device)])
         score, tokens, kl, count = all_reduce_sum(local).tolist()
         metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
-                   "episode/kl_to_ref": kl / count, "episode/kl_coef": self.kl_controller.value}
-        if self.kl_controller is not None:
+                   "episode/kl_coef": self.kl_controller.value}
+        if has_kl:
+            metrics["episode/kl_to_ref"] = kl / count
             self.kl_controller.update(kl / count, int(count))
         self.tracker.log_metrics(metrics, self.global_step)
-        logger.info("episode %d: reward %.3f, length %.1f, kl %.4f", self.num_episodes_done,
-                    metrics["episode/reward_mean"], metrics["episode/response_length"], metrics["episode/kl_to_ref"])
+        logger.info("episode %d: reward %.3f, length %.1f%s", self.num_episodes_done, metrics["episode/reward_mean"],
+                    metrics["episode/response_length"], f", kl {kl / count:.4f}" if has_kl else "")
 
     # -- checkpoints --------------------------------------------------------------------------------
 
@@ -264,7 +326,7 @@ class PPOTrainer(OLTrainer):
     def _save_checkpoint(self, episode: int) -> None:
         """Save after `episode` episodes (the seed passes `episode + 1`: the count done, 1-based)."""
         state = {"episode": episode, "global_step": self.global_step, "kl_coef": self.kl_controller.value,
-                 **self.prompts.position()}
+                 **self.prompts.position(), **self._nonfinite_state()}
         is_last = episode >= self.options.num_episodes or episode == self.stop_after_episodes
         self.checkpoints.save(self.components(), state, episode, block=is_last)
         if self.stop_after_episodes is not None and episode >= self.stop_after_episodes:
@@ -275,6 +337,13 @@ class PPOTrainer(OLTrainer):
         self.global_step = state["global_step"]
         self.kl_controller.value = state["kl_coef"]
         self.prompts.restore(state["prompt_epoch"], state["prompt_samples"])
+        for prefix, guard in (("", self.nonfinite), ("critic_", self.critic_nonfinite)):  # absent before issue 12
+            guard.restore(state.get(f"{prefix}num_nonfinite_skipped", 0), state.get(f"{prefix}nonfinite_in_a_row", 0))
+
+    def _nonfinite_state(self) -> dict[str, int]:
+        return {"num_nonfinite_skipped": self.nonfinite.total, "nonfinite_in_a_row": self.nonfinite.in_a_row,
+                "critic_num_nonfinite_skipped": self.critic_nonfinite.total,
+                "critic_nonfinite_in_a_row": self.critic_nonfinite.in_a_row}
 
     # -- evaluation ---------------------------------------------------------------------------------
 
@@ -284,7 +353,7 @@ class PPOTrainer(OLTrainer):
 
         plugin = self.actor_booster.plugin
         greedy = self.config.generation.model_copy(update={"temperature": 0.0})
-        means, _ = mean_score(self.actor, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
+        means, _ = mean_score(self.engine, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
                               plugin.world_size)
         return means[0]
 

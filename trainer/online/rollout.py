@@ -1,7 +1,9 @@
-"""Sampling responses with a KV cache (HF `generate`) and turning them into masked sequences.
+"""Sampling responses through a rollout engine and turning them into masked sequences.
 
-Prompts are left-padded so every response starts at the same column. The response is kept up to
-and including its first stop token; anything generated after it becomes padding with mask 0.
+Prompts are left-padded once, so every response starts at the same column; the engine
+(`trainer.online.engines`, HF `generate` with its KV cache by default) samples the response tokens.
+The response is kept up to and including its first stop token; anything generated after it
+becomes padding with mask 0.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import Tensor, nn
 
 from trainer.config import GenerationConfig
 from trainer.data.tokenize import encode_prompt
-from trainer.parallel.booster import unwrap_model
+from trainer.online.engines import RolloutEngine, as_engine
 
 
 def stop_token_ids(tokenizer: Any, options: GenerationConfig) -> list[int]:
@@ -44,9 +46,9 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
+def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
              device: torch.device) -> dict[str, Tensor]:
-    """Sample one response per prompt.
+    """Sample one response per prompt with `sampler` (an engine, or a model for the default `hf` engine).
 
     Returns:
         input_ids, attention_mask, action_mask, position_ids: (B, P + R), R the longest response.
@@ -54,24 +56,8 @@ def generate(model: nn.Module, tokenizer: Any, prompts: list[list[int]], options
     prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     stops = stop_token_ids(tokenizer, options)
-    sampling = {"do_sample": False} if options.temperature == 0 else {
-        "do_sample": True, "temperature": options.temperature, "top_p": options.top_p, "top_k": options.top_k or None}
-    policy = unwrap_model(model)
-    was_training = policy.training
-    policy.eval()
-    try:
-        output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                 max_new_tokens=options.max_new_tokens, eos_token_id=stops,
-                                 pad_token_id=tokenizer.pad_token_id, **sampling)
-    except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
-        if "inf" not in str(err) and "nan" not in str(err):
-            raise
-        from trainer.errors import TrainingError
-
-        raise TrainingError("the policy's next-token probabilities are not finite (NaN/inf) while sampling "
-                            "responses: the actor diverged; lower optimizer.lr or check the reward") from err
-    policy.train(was_training)
-    response = output[:, prompt_ids.shape[1]:]  # (B, R)
+    response = as_engine(sampler).generate(prompt_ids, prompt_mask, options, stop_token_ids=stops,
+                                           pad_token_id=tokenizer.pad_token_id)  # (B, R)
     is_stop = torch.isin(response, torch.tensor(stops, device=device))
     # Keep tokens up to and including the first stop: mask is 1 while no stop came *before* t.
     stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
@@ -107,13 +93,14 @@ class ScoredRollout:
 
 
 @torch.no_grad()
-def generate_and_score(model: nn.Module, tokenizer: Any, rows: list[dict], options: GenerationConfig,
-                       device: torch.device, scorer: Any) -> ScoredRollout:
+def generate_and_score(sampler: RolloutEngine | nn.Module, tokenizer: Any, rows: list[dict],
+                       options: GenerationConfig, device: torch.device, scorer: Any) -> ScoredRollout:
     """Generate one response per row (`prompt`, optional `answer`), decode it and score it.
 
-    Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this.
+    Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this,
+    with its rollout engine (or a model, sampled by the default `hf` engine).
     """
-    batch = generate(model, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows], options, device)
+    batch = generate(sampler, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows], options, device)
     prompts = [str(row["prompt"]) for row in rows]
     responses = decode_responses(tokenizer, batch)
     scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])

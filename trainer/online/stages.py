@@ -1,7 +1,8 @@
 """Building and running an online stage (ppo, grpo) with the colocated `OLTrainer` loop.
 
 Shares the setup of the supervised stages (`trainer.lifecycle.context`) and adds what
-online RL needs: prompts, a frozen reference, a critic (PPO), a reward source, two boosters.
+online RL needs: prompts, a frozen reference (only with a KL term), a critic (PPO), a reward
+source, two boosters.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from trainer.lifecycle.context import (
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.experience import ReplayBuffer
-from trainer.online.loop import PPOTrainer, trainer_class
+from trainer.online.loop import PPOTrainer, needs_reference, trainer_class
 from trainer.online.reward_sources import build_scorer
 from trainer.parallel.booster import Booster, build_booster
 
@@ -74,7 +75,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     prompts = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
     ptx_batches = load_ptx_batches(config, context)
     scorer = build_scorer(config, context.plugin.device)
-    reference = load_frozen(load_causal_lm, config.model, context.plugin.device)
+    reference = load_frozen(load_causal_lm, config.model, context.plugin.device) if needs_reference(config) else None
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model)
     critic_model = load_critic_model(config) if isinstance(config, PPOConfig) else None
@@ -124,6 +125,7 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         except StopTraining as stop:
             logger.info("%s", stop)
             return OnlineResult(trainer.last_metrics, trainer.actor, trainer.critic)
+        trainer.check_finite_end()  # a run that ends inside a streak of skipped steps is not exported
         if eval_rows:
             metrics["eval/reward"] = trainer.evaluate(eval_rows)
         metrics.update(trainer.last_metrics, global_step=trainer.global_step, episodes=trainer.num_episodes_done)

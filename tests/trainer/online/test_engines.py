@@ -1,0 +1,88 @@
+"""The rollout-engine interface: the default `hf` engine samples exactly what HF `generate` sampled before
+the interface existed, syncs weights into a separate copy, and an unknown engine is one config error."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.conftest import stage_dict
+from trainer.config import GenerationConfig, RolloutConfig, build_config
+from trainer.data.tokenize import encode_prompt
+from trainer.errors import ConfigError
+from trainer.modeling.models import load_causal_lm, load_tokenizer
+from trainer.online.engines import HFGenerateEngine, RolloutEngine, build_rollout_engine
+from trainer.online.rollout import generate, left_pad, stop_token_ids
+
+PROMPTS = ["1+2=", "12+30=", "7+7="]
+
+
+@pytest.fixture
+def policy_and_tokenizer(tiny_model):
+    config = build_config("grpo", stage_dict("grpo", "/tmp/unused", tiny_model, tiny_model,
+                                             reward={"function": "tiny_addition"})).model
+    return load_causal_lm(config), load_tokenizer(str(tiny_model))
+
+
+def generate_as_before(policy, tokenizer, prompts, options):
+    """What `rollout.generate` called before the engine interface: left-pad once, then HF `generate`."""
+    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
+    policy.eval()
+    output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=options.max_new_tokens,
+                             eos_token_id=stop_token_ids(tokenizer, options), pad_token_id=tokenizer.pad_token_id,
+                             do_sample=True, temperature=options.temperature, top_p=options.top_p,
+                             top_k=options.top_k or None)
+    policy.train()
+    return output[:, prompt_ids.shape[1]:]
+
+
+@pytest.mark.parametrize("options", [GenerationConfig(max_new_tokens=8, temperature=1.0),
+                                     GenerationConfig(max_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20)])
+def test_hf_engine_samples_what_hf_generate_sampled_for_a_fixed_seed(options, policy_and_tokenizer):
+    policy, tokenizer = policy_and_tokenizer
+    prompts = [encode_prompt(tokenizer, text) for text in PROMPTS for _ in range(2)]
+    torch.manual_seed(3)
+    expected = generate_as_before(policy, tokenizer, prompts, options)  # (B, R)
+    engine = build_rollout_engine(RolloutConfig(), policy)
+    assert isinstance(engine, HFGenerateEngine)
+    torch.manual_seed(3)
+    batch = generate(engine, tokenizer, prompts, options, torch.device("cpu"))
+    response = batch["input_ids"][:, -expected.shape[1]:]
+    mask = batch["action_mask"][:, -expected.shape[1]:].bool()
+    assert torch.equal(response[mask], expected[mask])  # every kept token, in place
+    assert mask.any() and policy.training  # responses were kept; the policy is back in training mode
+
+
+def test_sync_from_copies_the_actors_weights_into_a_separate_engine_model(policy_and_tokenizer):
+    actor, _ = policy_and_tokenizer
+    engine = HFGenerateEngine(copy.deepcopy(actor))
+    with torch.no_grad():
+        actor.lm_head.weight.add_(1.0)  # an "optimizer step"
+    assert not torch.equal(engine.model.lm_head.weight, actor.lm_head.weight)
+    engine.sync_from(actor)
+    assert all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), actor.state_dict().values()))
+
+
+def test_an_engine_on_the_actor_itself_has_nothing_to_sync(policy_and_tokenizer):
+    actor, _ = policy_and_tokenizer
+
+    class Refuses(HFGenerateEngine):
+        def load_weights(self, state_dict):
+            raise AssertionError("copied weights onto themselves")
+
+    Refuses(actor).sync_from(actor)
+
+
+def test_an_unknown_engine_is_one_config_error(tiny_model, task_files):
+    raw = stage_dict("grpo", "/tmp/unused", tiny_model, task_files["prompts"], reward={"function": "tiny_addition"},
+                     rollout={"engine": "vllm"})
+    with pytest.raises(ConfigError) as error:
+        build_config("grpo", raw)
+    assert str(error.value).splitlines()[1:] == ["  config: rollout.engine is 'vllm', expected: Input should be 'hf'"]
+
+
+def test_an_engine_is_an_abstract_interface():
+    with pytest.raises(TypeError, match="abstract"):
+        RolloutEngine()
