@@ -160,7 +160,8 @@ def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManag
         return [], {}
     manifest = checkpoints.read_json(candidates[0], MANIFEST_FILE)
     check_belongs(candidates[0], manifest, checkpoints.read_json(candidates[0], STATE_FILE),
-                  run_fingerprint(config, stage), world_size, group_by_length=config.train.group_by_length)
+                  run_fingerprint(config, stage), world_size,
+                  group_by_length=getattr(config.train, "group_by_length", False))  # online stages have none
     return candidates, manifest
 
 

@@ -154,3 +154,24 @@ def test_planted_dcp_metadata_is_refused_not_unpickled(tmp_path):
     path.write_bytes(pickle.dumps(_Planted()))
     with pytest.raises(CheckpointError, match=r"\.metadata: not a DCP metadata file \(posix\.system is not part"):
         read_metadata(path)
+
+
+def test_online_stage_with_a_sharded_checkpoint_of_another_world_size_is_one_refusal(tmp_path, tiny_model, task_files):
+    from tests.conftest import make_config
+    from trainer.checkpointing.checkpoint import LATEST
+    from trainer.lifecycle.resume import run_fingerprint, vet_output_dir
+    from trainer.storage import get_storage
+    from trainer.storage.pointer import write_pointer
+
+    config = make_config("ppo", tmp_path / "out", tiny_model, task_files["prompts"],
+                         reward={"function": "trainer.tiny.task:reward"}, parallel={"plugin": "fsdp2"})
+    root = tmp_path / "out" / "checkpoints"
+    step = root / "step-00000002"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text(json.dumps({"files": {}, "format": "dcp", "world_size": 2,
+                                                    "fingerprint": run_fingerprint(config, "ppo")}))
+    (step / "trainer_state.json").write_text(json.dumps({"episode": 2}))
+    write_pointer(get_storage(str(root)), str(root), LATEST, step.name)
+    manager = CheckpointManager(root, Booster(SinglePlugin(DistributedEnv(0, 0, 1), torch.device("cpu"))))
+    with pytest.raises(CheckpointError, match=r"written by 2 data-parallel process\(es\), this run has 1: the global"):
+        vet_output_dir(config, "ppo", manager, 1)
