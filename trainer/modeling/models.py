@@ -116,7 +116,8 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
     return _apply_options(model, config)
 
 
-def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path") -> ValueHeadModel:
+def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path",
+                     plugin: Plugin | None = None) -> ValueHeadModel:
     """A causal LM backbone with a scalar head: the trained head of an alignflow export or a
     `*ForSequenceClassification` directory, else a new one (an error for `reward.model_path`).
 
@@ -124,22 +125,31 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
         config: Model options.
         path: Directory to load instead of `config.path` (a reward model, a critic init).
         key: The config key `path` came from, named in errors.
+        plugin: With one that shards parameters (FSDP2), the backbone loads straight into shards as in
+            `load_causal_lm` (the small head is read whole, then sharded with it).
 
     Returns:
-        The value model, on CPU, in fp32.
+        The value model in fp32: on CPU, or sharded and on the plugin's device.
     """
     from transformers import AutoModel
 
     directory = _check_path(path or config.path, key)
-    backbone = _from_pretrained(AutoModel.from_pretrained, directory, key,
-                                attn_implementation=config.attn_implementation, **dtype_keyword(torch.float32))
+    options = {"attn_implementation": config.attn_implementation, **dtype_keyword(torch.float32)}
+    sharded = plugin is not None and plugin.shards_parameters and can_load_sharded(directory)
+    if sharded:
+        backbone = build_on_meta(AutoModel, directory, **options)
+    else:
+        backbone = _from_pretrained(AutoModel.from_pretrained, directory, key, **options)
     model = ValueHeadModel(backbone)
     head = find_value_head(directory, backbone.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
     if head is not None:
         model.head.load_state_dict(head)
     else:
         logger.info("%s: %s has no value head; starting from a new one", key, directory)
-    return _apply_options(model, config)
+    model = _apply_options(model, config)
+    if sharded:
+        return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key, keep=("head.",))
+    return model
 
 
 def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: torch.device, path: str | None = None,
@@ -147,15 +157,13 @@ def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: t
     """A model that is only read (a reference, a reward model): loaded by `loader` (`load_causal_lm` or
     `load_value_model`) without LoRA or activation checkpointing, with no gradients, in eval mode, on `device`.
 
-    With an FSDP2 `plugin` (and `load_causal_lm`) it is sharded like the trained model: each rank holds
+    With an FSDP2 `plugin` it is sharded like the trained model: each rank holds
     1/world of it, and every forward all-gathers one layer at a time, so every rank must run the same
     number of forwards through it (a collective), as the training step does.
     """
     plain = config.model_copy(update={"lora": None, "gradient_checkpointing": False})
-    sharded = plugin is not None and plugin.shards_parameters and loader is load_causal_lm
-    model = loader(plain, path, key=key, plugin=plugin) if sharded else loader(plain, path, key=key)
-    model = model.requires_grad_(False).eval()
-    return model if sharded else model.to(device)
+    model = loader(plain, path, key=key, plugin=plugin).requires_grad_(False).eval()
+    return model if plugin is not None and plugin.is_wrapped(model) else model.to(device)
 
 
 def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:

@@ -69,28 +69,67 @@ def build_on_meta(auto_class: Any, directory: Path, **kwargs: Any) -> nn.Module:
         return auto_class.from_config(config, **kwargs)
 
 
-def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, directory: Path, key: str) -> nn.Module:
+def weight_names(directory: Path) -> set[str]:
+    """The tensor names in `directory`'s safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            names.update(weights.keys())
+    return names
+
+
+def file_name_of(name: str, names: set[str]) -> str | None:
+    """The weights file's name for parameter `name`: itself, or a value model's backbone parameter under
+    the base model's prefix or none (`backbone.layers.0...` is `model.layers.0...` or `layers.0...`)."""
+    bare = name.removeprefix("backbone.")
+    return next((candidate for candidate in (name, f"model.{bare}", bare) if candidate in names), None)
+
+
+def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, directory: Path, key: str,
+                       keep: tuple[str, ...] = ()) -> nn.Module:
     """Shard a meta-device `model` with `wrap` (FSDP2's `fully_shard` per layer and root), give each rank
     storage for its slices on `device`, and read them from `directory`'s safetensors files (a collective).
+
+    Args:
+        model: Parameters on meta, except those under a `keep` prefix (small ones, e.g. a value head,
+            already holding their values on every rank).
+        wrap: Shards the model in place and returns it.
+        device: Where this rank's slices live.
+        directory: The model directory.
+        key: The config key it came from, named in errors.
+        keep: Name prefixes of parameters whose current values are kept rather than read from the files.
 
     Returns:
         The wrapped model with its weights, on `device`.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    kept = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if name.startswith(keep)}
     model = wrap(model)
     model.to_empty(device=device)  # parameters: this rank's slices, uninitialised; buffers: emptied too
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
     # named_parameters lists a tied weight once (under its first name), as the weights file does.
-    state = dict(model.named_parameters())
+    names, state = weight_names(directory), {}
+    for name, parameter in model.named_parameters():
+        if name in kept:
+            continue
+        file_name = file_name_of(name, names)
+        if file_name is None:
+            raise ConfigError(f"{key}: the weights in {directory} have no tensor for {name}")
+        state[file_name] = parameter
     try:
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
     except (CheckpointException, RuntimeError, ValueError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{key}: cannot load the weights in {directory} into shards: {first}") from err
+    if kept:  # every rank holds them whole: each keeps its own slice
+        set_model_state_dict(model, kept, options=StateDictOptions(full_state_dict=True, strict=False))
     logger.info("%s: loaded %s into shards (meta-device build, each rank reads its slices)", key, directory)
     return model

@@ -18,9 +18,22 @@ DRIVER = Path(__file__).with_name("sharded_load_driver.py")
 REPOSITORY = Path(__file__).parents[3]
 
 
+def write_reward_model(directory: Path, tiny_model: Path) -> Path:
+    """The tiny backbone with a trained-looking head, exported as alignflow exports a reward model."""
+    from trainer.config import ModelConfig
+    from trainer.modeling.models import export_model, load_tokenizer, load_value_model
+
+    model = load_value_model(ModelConfig(path=str(tiny_model)))
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    torch.nn.init.constant_(model.head.bias, 0.25)
+    export_model(model, model.state_dict(), load_tokenizer(str(tiny_model)), directory)
+    return directory
+
+
 def test_sharded_load_equals_plain_load_and_each_rank_holds_half(tmp_path, tiny_model):
+    reward_model = write_reward_model(tmp_path / "reward-model", tiny_model)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", str(DRIVER), str(tiny_model), str(tmp_path)]
+               f"--master_port={free_port()}", str(DRIVER), str(tiny_model), str(reward_model), str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -38,3 +51,10 @@ def test_sharded_load_equals_plain_load_and_each_rank_holds_half(tmp_path, tiny_
     assert sum(loads["shard_numel"]) == loads["full_numel"]
     assert max(loads["shard_numel"]) <= 0.55 * loads["full_numel"]
     assert not loads["reference_requires_grad"]
+    # A reward model (backbone in shards under the base model's names, its exported head read whole) too.
+    value_plain, value_sharded = loads["value_plain"], loads["value_sharded"]
+    assert value_sharded.keys() == value_plain.keys()
+    for key in value_plain:
+        torch.testing.assert_close(value_sharded[key], value_plain[key], rtol=0, atol=0, msg=key)
+    assert value_plain["head.bias"].item() == 0.25  # the exported head, not a fresh one
+    torch.testing.assert_close(loads["value_outputs"]["sharded"], loads["value_outputs"]["plain"], rtol=1e-5, atol=1e-5)
