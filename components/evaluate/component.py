@@ -1,4 +1,5 @@
-"""evaluate_model: checkable reward (and reward-model score) of a model against a baseline, in its own job."""
+"""evaluate_model: checkable reward (and reward-model score) of a model against a baseline and the registry's
+champion, in its own job."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -15,6 +16,8 @@ def evaluate_model(
     report: Output[Markdown],
     run_id: str,
     reward_model: Input[Model] = None,
+    registered_model_name: str = "",
+    parent_run_id: str = "",
     reward_function: str = "",
     max_new_tokens: int = 256,
     launcher_mode: str = "kubernetes",
@@ -24,20 +27,28 @@ def evaluate_model(
     s3_secret: str = "",
     job_root: str = "",
 ) -> float:
-    """Score greedy responses of a model and of a baseline on held-out prompts, in a job on a GPU node.
+    """Score greedy responses of a model, a baseline and the current champion on held-out prompts, in a job
+    on a GPU node.
 
     The component launches `python -m trainer evaluate` as a PyTorchJob (like the training
-    stages), so generation runs where the GPUs are; this pod only waits and publishes.
+    stages), so generation runs where the GPUs are; this pod resolves the champion, waits, logs the
+    metrics to MLflow and publishes. The champion (alias `champion` of `registered_model_name`) is
+    scored in the same job on the same prompts, so the gate compares live scores. Never cache this
+    task: the champion changes between runs.
 
     Args:
         model: The candidate HF model.
         baseline: The HF model to beat (e.g. the SFT model).
         prompts: Held-out prompt rows with answers.
         metrics: `reward` and `baseline_reward` (mean checkable reward from the reward function),
-            `improvement`, and with a reward model `rm_score` and `baseline_rm_score`.
+            `improvement`, and with a reward model `rm_score` and `baseline_rm_score`; with a champion
+            `champion_reward` (`champion_rm_score`) and `champion_version`.
         report: A Markdown comparison with sample answers side by side.
         run_id: The pipeline run id (names the job).
         reward_model: Optional reward model whose mean score is reported too.
+        registered_model_name: Registered model whose `champion` version is scored too; empty: none.
+        parent_run_id: The pipeline's MLflow parent run; the metrics go to an `evaluate` run nested under
+            it (and `evaluation/*` on it), whatever the gate then decides. Empty: not logged to MLflow.
         reward_function: Registered reward function name, called as f(prompt, completion, answer) -> float.
         max_new_tokens: Longest response in tokens.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.

@@ -7,15 +7,20 @@ The version's run is the candidate stage's MLflow run (nested under the pipeline
 the registry, the stage run, the parent run and the KFP run point at each other.
 
 Champion comparison: the headline metric (`reward`, else `rm_score`, the evaluation's mean score on
-held-out prompts) against the champion version's `metric.<headline>` tag. When the two were scored
-on different held-out prompts (their `dataset.eval_prompts.sha256` tags differ) the comparison is
-still made and the report says so.
+held-out prompts) against the champion's, scored live by the same evaluation job on the same
+prompts (`champion_<headline>`, for version `champion_version`; components/evaluate). Only when the
+alias moved to another version after the evaluation (a concurrent run registered one) does the gate
+fall back to that version's `metric.<headline>` tag, recorded at its registration, and the report
+says so (and whether the two were scored on the same held-out prompts: their
+`dataset.eval_prompts.sha256` tags).
+
+The evaluation's metrics reach MLflow from the evaluate step itself (a nested `evaluate` run and
+`evaluation/*` on the parent run), whatever the gate decides; the version links to that run too.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 from components.lineage.lineage import (
@@ -44,7 +49,8 @@ class Registration:
     scores: dict[str, float]
     is_champion: bool
     previous_champion: dict | None = None
-    """The champion before this registration: version, its headline value, run id; None when there was none."""
+    """The champion before this registration: version, its headline value, run id, scores, and `live` (scored
+    in this run's evaluation, else its recorded scores); None when there was none."""
     same_eval_prompts: bool | None = None
     """Whether candidate and previous champion were scored on the same held-out prompts (None: unknown)."""
     stage_run_id: str = ""
@@ -80,6 +86,20 @@ def _registration_run(client, experiment: str, parent_run_id: str, kfp_run_id: s
     return run_id
 
 
+def champion_scores(scores: dict[str, float], champion) -> tuple[dict[str, float | None], bool]:
+    """The champion's scores to compare with, and whether they are live (scored in this run's evaluation).
+
+    Live when the evaluation scored the version that is champion now; else the scores recorded (`metric.*`
+    tags) when that version was registered.
+    """
+    evaluated = scores.get("champion_version")
+    if evaluated is not None and str(int(evaluated)) == str(champion.version):
+        return {key[len("champion_"):]: value for key, value in scores.items()
+                if key.startswith("champion_") and key != "champion_version"}, True
+    return {key[len("metric."):]: _float(value) for key, value in champion.tags.items()
+            if key.startswith("metric.")}, False
+
+
 def _current_champion(client, name: str):
     from mlflow.exceptions import MlflowException
 
@@ -92,7 +112,6 @@ def _current_champion(client, name: str):
 def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], stage: str = "",
                        parent_run_id: str = "", kfp_run_id: str = "", pipeline: str = "") -> Registration:
     """Register the candidate model at `model_uri` as a new version of `name` and move the aliases."""
-    from mlflow.entities import Metric
     from mlflow.exceptions import MlflowException
 
     client = tracking_client()
@@ -107,9 +126,12 @@ def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], s
             raise
     headline = headline_metric(scores)
     eval_hashes = dataset_hashes(client, parent_run_id) if parent_run_id else {}
+    evaluate_run = find_stage_run(client, experiment, parent_run_id, "evaluate")
+    # The version's own scores (the champion's, scored beside it, are not this version's metrics).
+    own = {key: value for key, value in scores.items() if not key.startswith("champion_")}
     tags = {PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline, TASK_TAG: stage, "alignflow.parent_run_id":
-            parent_run_id, "alignflow.headline_metric": headline,
-            **{f"metric.{key}": repr(float(value)) for key, value in scores.items()},
+            parent_run_id, "alignflow.headline_metric": headline, "alignflow.evaluation_run_id": evaluate_run,
+            **{f"metric.{key}": repr(float(value)) for key, value in own.items()},
             **{f"dataset.{key}.sha256": value for key, value in eval_hashes.items()}}
     tags = {key: value for key, value in tags.items() if value}
     champion = _current_champion(client, name)
@@ -117,19 +139,23 @@ def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], s
     version = client.create_model_version(name, source, run_id=run_id, tags=tags,
                                           description=f"{pipeline or 'alignflow'} run {kfp_run_id}: {stage}")
     client.set_registered_model_alias(name, CANDIDATE, version.version)
-    registration = Registration(name=name, version=str(version.version), headline=headline, scores=dict(scores),
+    registration = Registration(name=name, version=str(version.version), headline=headline, scores=own,
                                 is_champion=True, stage_run_id=run_id, parent_run_id=parent_run_id,
                                 experiment_id=experiment, model_source=source, tags=tags)
     if champion is not None:
-        previous = _float(champion.tags.get(f"metric.{headline}"))
+        theirs, live = champion_scores(scores, champion)
+        previous = theirs.get(headline)
         registration.previous_champion = {"version": str(champion.version), "value": previous,
-                                          "run_id": champion.run_id,
-                                          "scores": {key[len("metric."):]: _float(value) for key, value in
-                                                     champion.tags.items() if key.startswith("metric.")}}
-        theirs = champion.tags.get("dataset.eval_prompts.sha256")
-        ours = tags.get("dataset.eval_prompts.sha256")
-        registration.same_eval_prompts = (theirs == ours) if theirs and ours else None
+                                          "run_id": champion.run_id, "scores": theirs, "live": live}
+        if live:
+            registration.same_eval_prompts = True  # scored in the same job, on the same prompts
+        else:
+            recorded, ours = champion.tags.get("dataset.eval_prompts.sha256"), tags.get("dataset.eval_prompts.sha256")
+            registration.same_eval_prompts = (recorded == ours) if recorded and ours else None
         registration.is_champion = previous is None or float(scores[headline]) > previous
+        client.set_model_version_tag(name, version.version, "alignflow.compared_with",
+                                     f"champion version {champion.version} "
+                                     f"({'scored in this evaluation' if live else 'recorded score'})")
     if registration.is_champion:
         client.set_registered_model_alias(name, CHAMPION, version.version)
     client.set_model_version_tag(name, version.version, "alignflow.champion", str(registration.is_champion).lower())
@@ -137,8 +163,6 @@ def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], s
         client.set_tag(target, "alignflow.registered_model", f"{name}/{version.version}")
         client.set_tag(target, "alignflow.model_uri", source)
     if parent_run_id:
-        client.log_batch(parent_run_id, metrics=[Metric(f"evaluation/{key}", float(value), int(time.time() * 1000), 0)
-                                                 for key, value in scores.items()])
         client.set_tag(parent_run_id, "alignflow.champion", str(registration.is_champion).lower())
     logger.info("registered %s version %s (%s); champion: %s", name, version.version, source, registration.is_champion)
     return registration

@@ -28,9 +28,11 @@ def metric_rows(scores: dict[str, float], champion: dict[str, float] | None) -> 
     return rows
 
 
-def sample_rows(samples: list[dict]) -> list[list[str]]:
-    return [[escape(s.get("prompt", "")), escape(s.get("response", "")), number(s.get("score")),
-             escape(s.get("baseline_response", "")), number(s.get("baseline_score"))] for s in samples]
+def sample_rows(samples: list[dict], others: list[str]) -> list[list[str]]:
+    """Prompt, the candidate's answer and score, then each other model's (`others`: baseline, champion)."""
+    return [[escape(s.get("prompt", "")), escape(s.get("response", "")), number(s.get("score"))]
+            + [cell for other in others for cell in (escape(s.get(f"{other}_response", "")),
+                                                     number(s.get(f"{other}_score")))] for s in samples]
 
 
 def comparison_html(registration: Any, samples: list[dict], tracking_uri: str = "",
@@ -43,6 +45,13 @@ def comparison_html(registration: Any, samples: list[dict], tracking_uri: str = 
     version_url = model_version_link(registration.name, registration.version, tracking_uri, environ)
     body = [f"<p>{link(version_url, f'{registration.name} version {registration.version}')} {escape(verdict)} "
             f"(on <code>{escape(registration.headline)}</code>, the mean score on held-out prompts).</p>"]
+    if previous is not None and previous.get("live"):
+        body.append(f"<p>Champion version {escape(previous['version'])} was scored by this run's evaluation, on "
+                    f"the same held-out prompts as the candidate.</p>")
+    elif previous is not None:
+        body.append(f"<p class='note'>Champion version {escape(previous['version'])} was not scored by this run's "
+                    f"evaluation (it became the champion after it): compared with the scores recorded when it was "
+                    f"registered.</p>")
     if registration.same_eval_prompts is False:
         body.append("<p class='note'>The champion was scored on different held-out prompts (their SHA-256 differ): "
                     "the champion comparison is indicative only.</p>")
@@ -55,6 +64,8 @@ def comparison_html(registration: Any, samples: list[dict], tracking_uri: str = 
     items.append(f"<li>model files: <code>{escape(registration.model_source)}</code></li>")
     body += ["<h2>Lineage</h2>", "<ul>" + "".join(items) + "</ul>"]
     if samples:
+        others = [o for o in ("baseline", "champion") if any(f"{o}_response" in s for s in samples)]
         body += ["<h2>Sample answers, side by side</h2>",
-                 table(["prompt", "candidate", "score", "baseline", "score"], sample_rows(samples))]
+                 table(["prompt", "candidate", "score", *[h for o in others for h in (o, "score")]],
+                       sample_rows(samples, others))]
     return page(f"{registration.name}: candidate vs baseline and champion", body)

@@ -330,6 +330,8 @@ class EvaluateConfig(Section):
     output_dir: str = Field(description="Where final_metrics.json and samples.jsonl go: a local directory or URI.")
     model: ModelConfig = Field(description="The candidate model.")
     baseline_path: str | None = Field(None, description="The model to beat (local or URI); null scores the candidate only.")
+    champion_path: str | None = Field(
+        None, description="The registry's current champion (local or URI), scored on the same prompts; null: none.")
     prompts_path: str = Field(description="Held-out prompt rows (`prompt`, `answer`) as JSONL or Parquet; local or URI.")
     reward: EvaluationRewardConfig = Field(description="How responses are scored.")
     generation: GenerationConfig = Field(

@@ -3,9 +3,10 @@
 `mean_score` is the one evaluation loop: prompts split across ranks, responses generated and
 scored by `generate_and_score`, the sum all-reduced. `run_evaluation` is what the pipelines'
 `evaluate_model` component launches as its own job (so generation runs on a GPU node): it scores
-a candidate and a baseline with the checkable reward function and, optionally, a reward model,
-and writes `final_metrics.json` (`reward`, `baseline_reward`, `improvement`, `rm_score`,
-`baseline_rm_score`) and `samples.jsonl` (the two models' answers side by side).
+a candidate, a baseline and, when given, the registry's champion with the checkable reward
+function and, optionally, a reward model, and writes `final_metrics.json` (`reward`,
+`baseline_reward`, `champion_reward`, `improvement`, `rm_score`, `baseline_rm_score`,
+`champion_rm_score`) and `samples.jsonl` (the models' answers side by side).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from trainer.storage import get_storage, join_uri
 
 logger = logging.getLogger(__name__)
 SAMPLES_KEPT = 10
+# Metric-name prefix of each model an evaluation scores, with the config key that names it.
+MODEL_KEYS = {"": "model.path", "baseline_": "baseline_path", "champion_": "champion_path"}
 
 
 @torch.no_grad()
@@ -79,10 +82,11 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     scorers, names = build_scorers(config, device)
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
-    models = {"": config.model.path} | ({"baseline_": config.baseline_path} if config.baseline_path else {})
+    paths = {"": config.model.path, "baseline_": config.baseline_path, "champion_": config.champion_path}
+    models = {prefix: path for prefix, path in paths.items() if path}
     for prefix, path in models.items():
         tokenizer = load_tokenizer(path)
-        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key="baseline_path" if prefix else "model.path")
+        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key=MODEL_KEYS[prefix])
         means, rollouts = mean_score(model, tokenizer, rows, config.generation, device, scorers, env.rank,
                                      env.world_size, config.batch_size)
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
@@ -101,9 +105,10 @@ def side_by_side(samples: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for index, candidate in enumerate(samples["candidate"][:SAMPLES_KEPT]):
         row = {"prompt": candidate["prompt"], "response": candidate["response"], "score": candidate["score"]}
-        if "baseline_" in samples and index < len(samples["baseline_"]):
-            baseline = samples["baseline_"][index]
-            row |= {"baseline_response": baseline["response"], "baseline_score": baseline["score"]}
+        for prefix in ("baseline_", "champion_"):
+            if prefix in samples and index < len(samples[prefix]):
+                other = samples[prefix][index]
+                row |= {f"{prefix}response": other["response"], f"{prefix}score": other["score"]}
         rows.append(row)
     return rows
 

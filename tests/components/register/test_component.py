@@ -39,14 +39,17 @@ def pipeline_run(client, kfp_run_id: str) -> tuple[str, str]:
     return parent, stage
 
 
-def gate(tmp_path, tiny_model, client, kfp_run_id: str, reward: float, samples: list[dict] | None = None):
-    """Run the component's function as KFP would: the candidate's Model, the evaluation's Metrics."""
+def gate(tmp_path, tiny_model, client, kfp_run_id: str, reward: float, samples: list[dict] | None = None,
+         **champion: float):
+    """Run the component's function as KFP would: the candidate's Model, the evaluation's Metrics (with
+    `champion_version`/`champion_reward` when the evaluation scored the champion)."""
     parent, stage = pipeline_run(client, kfp_run_id)
     run_dir = tmp_path / f"local-{kfp_run_id}"  # as kfp.local names it: the job root is beside the metrics
     model_dir = run_dir / "train-grpo" / "model"
     shutil.copytree(tiny_model, model_dir)
     evaluation = dsl.Metrics(uri=str(run_dir / "evaluate-model" / "metrics"),
-                             metadata={"reward": reward, "baseline_reward": 0.5, "improvement": reward - 0.5})
+                             metadata={"reward": reward, "baseline_reward": 0.5, "improvement": reward - 0.5,
+                                       **champion})
     if samples:
         job = run_dir / "evaluate-model" / "job"
         job.mkdir(parents=True)
@@ -75,7 +78,6 @@ def test_first_candidate_is_registered_tagged_linked_and_becomes_champion(tmp_pa
     assert registered.tags["alignflow.pipeline"] == "rlhf-grpo"
     assert float(registered.tags["metric.reward"]) == 0.8
     assert tracking.list_artifacts(stage) == [] and tracking.list_artifacts(parent) == []
-    assert tracking.get_run(parent).data.metrics["evaluation/reward"] == 0.8
     assert tracking.get_run(parent).data.tags["alignflow.registered_model"] == f"{NAME}/1"
 
 
@@ -97,6 +99,37 @@ def test_champion_moves_only_to_a_candidate_that_beats_it(tmp_path, tiny_model, 
     assert tracking.get_model_version(NAME, "2").tags["alignflow.champion"] == "false"
     assert gate(tmp_path, tiny_model, tracking, "kfp-3", reward=0.9)[0] == "3"
     assert aliases(tracking) == {"candidate": "3", "champion": "3"}
+
+
+def test_the_champion_is_compared_by_its_live_score_not_the_one_recorded_at_registration(tmp_path, tiny_model,
+                                                                                         tracking):
+    gate(tmp_path, tiny_model, tracking, "kfp-1", reward=0.8)  # recorded: metric.reward 0.8
+    # This run's evaluation scored champion version 1 at 0.6 (other prompts, another checker since): 0.7 beats it.
+    *_, comparison = gate(tmp_path, tiny_model, tracking, "kfp-2", reward=0.7, champion_version=1.0,
+                          champion_reward=0.6)
+    assert aliases(tracking) == {"candidate": "2", "champion": "2"}
+    second = tracking.get_model_version(NAME, "2").tags
+    assert second["alignflow.compared_with"] == "champion version 1 (scored in this evaluation)"
+    assert "metric.champion_reward" not in second and "metric.champion_version" not in second  # not its own scores
+    page = open(comparison.path).read()
+    assert "beats champion version 1" in page and "was scored by this run's evaluation" in page
+    assert "<td>0.7</td><td>0.5</td><td><span class='better'>+0.2</span></td><td>0.6</td>" in page
+    # And the other way: a live score above the candidate keeps the champion, whatever its recorded score.
+    tracking.set_model_version_tag(NAME, "2", "metric.reward", "0.1")
+    gate(tmp_path, tiny_model, tracking, "kfp-3", reward=0.75, champion_version=2.0, champion_reward=0.9)
+    assert aliases(tracking) == {"candidate": "3", "champion": "2"}
+
+
+def test_a_champion_that_changed_after_the_evaluation_is_compared_by_its_recorded_score(tmp_path, tiny_model,
+                                                                                      tracking):
+    gate(tmp_path, tiny_model, tracking, "kfp-1", reward=0.8)
+    gate(tmp_path, tiny_model, tracking, "kfp-2", reward=0.9)  # version 2 became champion meanwhile
+    *_, comparison = gate(tmp_path, tiny_model, tracking, "kfp-3", reward=0.85, champion_version=1.0,
+                          champion_reward=0.8)
+    assert aliases(tracking) == {"candidate": "3", "champion": "2"}  # 0.85 < version 2's recorded 0.9
+    assert tracking.get_model_version(NAME, "3").tags["alignflow.compared_with"] == \
+        "champion version 2 (recorded score)"
+    assert "compared with the scores recorded when it was registered" in open(comparison.path).read()
 
 
 def test_gate_report_puts_candidate_baseline_champion_and_samples_side_by_side(tmp_path, tiny_model, tracking,
