@@ -19,8 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import stage_dict
-from tests.integration.conftest import bucket, s3_endpoint  # noqa: F401 - fixtures for the s3:// variant
-from tests.integration.services import free_port
+from tests.integration.services import S3_ENV, free_port, start_moto, stop
 from trainer.checkpointing.checkpoint import CheckpointManager
 from trainer.checkpointing.sharded import read_metadata
 from trainer.config import build_config
@@ -41,6 +40,22 @@ def sft_config(output_dir: str | Path, tiny_model: Path, task_files: dict, micro
     return stage_dict("sft", output_dir, tiny_model, task_files["sft_train"],
                       train={"micro_batch_size": micro_batch_size, "gradient_accumulation_steps": 2},
                       parallel={"plugin": plugin})
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """A bucket on a moto S3 server of this test's own; the AWS environment points at it for the test only."""
+    import boto3
+
+    from trainer.storage.s3 import S3Storage
+
+    process, endpoint = start_moto(tmp_path)
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(S3Storage, "_shared", None)  # a client made before would point elsewhere
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="sharded")
+    yield "sharded"
+    stop(process)
 
 
 def torchrun(config: dict, dump_dir: Path, stop_after: int | None = None) -> dict[str, torch.Tensor]:
@@ -98,7 +113,7 @@ def test_fsdp2_checkpoint_is_written_in_shards_and_resumes_on_one_process(tmp_pa
 
 
 def test_fsdp2_checkpoint_in_s3_resumes_with_each_rank_reading_only_its_shards(tmp_path, tiny_model, task_files,
-                                                                               bucket):  # noqa: F811
+                                                                               bucket):
     output = f"s3://{bucket}/sft"
     config = sft_config(output, tiny_model, task_files, 5, "fsdp2")
     torchrun(config, tmp_path / "first", stop_after=2)
