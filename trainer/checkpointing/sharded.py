@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from trainer.checkpointing.serialization import NOT_A_PICKLE, refusing_pickled_objects
 from trainer.errors import CheckpointError
 from trainer.storage import get_storage, is_remote, join_uri
+from trainer.storage.local import local_path
 
 SUFFIX = ".dcp"
 METADATA_FILE = ".metadata"
@@ -98,7 +99,7 @@ class StorageShardReader(FileSystemReader):
     def __init__(self, uri: str, local_dir: Path) -> None:
         self.uri = uri.rstrip("/")
         self.is_remote = is_remote(self.uri)
-        super().__init__(local_dir if self.is_remote else self.uri)
+        super().__init__(local_dir if self.is_remote else local_path(self.uri))  # `file://` URIs too
         self.local_dir = Path(self.path)
         self.files_read: set[str] = set()
         """The files this rank read (its load plan's), relative to the directory."""

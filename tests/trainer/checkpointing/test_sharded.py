@@ -190,3 +190,23 @@ def test_online_stage_with_a_sharded_checkpoint_of_another_world_size_is_one_ref
     manager = CheckpointManager(root, Booster(SinglePlugin(DistributedEnv(0, 0, 1), torch.device("cpu"))))
     with pytest.raises(CheckpointError, match=r"written by 2 data-parallel process\(es\), this run has 1: the global"):
         vet_output_dir(config, "ppo", manager, 1)
+
+
+def test_shards_round_trip_in_one_process_with_hyper_parameters_read_as_plain_data(tmp_path):
+    from trainer.checkpointing.sharded import StorageShardReader, read_shards, write_shards
+
+    torch.manual_seed(0)
+    model, restored = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.125, betas=(0.8, 0.9))
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    write_shards(model, optimizer, tmp_path / "model.dcp")  # no process group: DCP runs as one rank
+
+    other = torch.optim.AdamW(restored.parameters(), lr=1.0)
+    reader = StorageShardReader(f"file://{tmp_path / 'model.dcp'}", tmp_path / "unused")
+    read_shards(restored, other, reader)
+    assert torch.equal(restored.weight, model.weight) and torch.equal(restored.bias, model.bias)
+    assert torch.equal(other.state[restored.weight]["exp_avg"], optimizer.state[model.weight]["exp_avg"])
+    # lr and betas are not tensors: DCP stores them as bytes, read back with torch.load(weights_only=True).
+    assert other.param_groups[0]["lr"] == 0.125 and tuple(other.param_groups[0]["betas"]) == (0.8, 0.9)
+    assert reader.files_read == {".metadata", "__0_0.distcp"}
