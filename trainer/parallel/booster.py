@@ -185,7 +185,8 @@ class Booster:
 
     def boost(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, criterion: Any = None,
               dataloader: Any = None, lr_scheduler: Any = None) -> tuple:
-        """Move the model to the device and wrap it. The optimizer must be built on the wrapped model.
+        """Move the model to the device and wrap it (one loaded straight into FSDP2 shards, see
+        `trainer.modeling.sharded_load`, is already both). The optimizer must be built on the wrapped model.
 
         Returns:
             (model, optimizer, criterion, dataloader, lr_scheduler), as ColossalAI's booster does.
