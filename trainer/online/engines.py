@@ -9,7 +9,8 @@ every engine.
 
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
-nothing to copy.
+nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (1 by default:
+decode steps are too small to split across threads).
 
 Where a faster engine plugs in (vLLM or SGLang, on GPU images; not implemented here): a subclass of
 `RolloutEngine` whose `generate` hands the prompt ids to the engine (vLLM: `LLM.generate` with
@@ -22,8 +23,9 @@ dict into the engine's model (vLLM: the worker model's `load_weights(state.items
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -65,10 +67,12 @@ class HFGenerateEngine(RolloutEngine):
 
     Args:
         model: The policy (possibly wrapped by a booster); sampling uses its weights as they are.
+        num_threads: CPU intra-op threads while sampling on the CPU; None keeps the process's setting.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, num_threads: int | None = None) -> None:
         self.model = model
+        self.num_threads = num_threads
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, options: GenerationConfig, *,
@@ -80,9 +84,10 @@ class HFGenerateEngine(RolloutEngine):
         was_training = policy.training
         policy.eval()
         try:
-            output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     max_new_tokens=options.max_new_tokens, eos_token_id=stop_token_ids,
-                                     pad_token_id=pad_token_id, use_cache=True, **sampling)
+            with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
+                output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                         max_new_tokens=options.max_new_tokens, eos_token_id=stop_token_ids,
+                                         pad_token_id=pad_token_id, use_cache=True, **sampling)
         except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
             if "inf" not in str(err) and "nan" not in str(err):
                 raise
@@ -102,7 +107,22 @@ class HFGenerateEngine(RolloutEngine):
             self.load_weights(unwrap_model(policy).state_dict())
 
 
-ROLLOUT_ENGINES: dict[str, Callable[[nn.Module], RolloutEngine]] = {"hf": HFGenerateEngine}
+@contextlib.contextmanager
+def cpu_threads(count: int | None) -> Iterator[None]:
+    """`torch.set_num_threads(count)` inside the block, the previous count restored after; None changes nothing."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if count is not None:
+            torch.set_num_threads(previous)
+
+
+ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, RolloutConfig], RolloutEngine]] = {
+    "hf": lambda policy, config: HFGenerateEngine(policy, config.num_threads),
+}
 
 
 def build_rollout_engine(config: RolloutConfig, policy: nn.Module) -> RolloutEngine:
@@ -112,7 +132,7 @@ def build_rollout_engine(config: RolloutConfig, policy: nn.Module) -> RolloutEng
 
         raise ConfigError(f"rollout.engine: unknown engine {config.engine!r}; expected one of "
                           f"{', '.join(sorted(ROLLOUT_ENGINES))}")
-    return ROLLOUT_ENGINES[config.engine](policy)
+    return ROLLOUT_ENGINES[config.engine](policy, config)
 
 
 def as_engine(sampler: RolloutEngine | nn.Module) -> RolloutEngine:

@@ -55,6 +55,25 @@ def test_hf_engine_samples_what_hf_generate_sampled_for_a_fixed_seed(options, po
     assert mask.any() and policy.training  # responses were kept; the policy is back in training mode
 
 
+def test_sampling_threads_are_set_for_the_call_and_restored(policy_and_tokenizer):
+    policy, tokenizer = policy_and_tokenizer
+    seen = []
+    original = policy.generate
+
+    def spy(**kwargs):
+        seen.append(torch.get_num_threads())
+        return original(**kwargs)
+
+    policy.generate = spy
+    torch.set_num_threads(2)
+    prompts = [encode_prompt(tokenizer, text) for text in PROMPTS]
+    for num_threads in (1, None):
+        generate(HFGenerateEngine(policy, num_threads), tokenizer, prompts, GenerationConfig(max_new_tokens=2),
+                 torch.device("cpu"))
+        assert torch.get_num_threads() == 2
+    assert seen == [1, 2]
+
+
 def test_sync_from_copies_the_actors_weights_into_a_separate_engine_model(policy_and_tokenizer):
     actor, _ = policy_and_tokenizer
     engine = HFGenerateEngine(copy.deepcopy(actor))
