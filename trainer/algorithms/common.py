@@ -84,6 +84,17 @@ def packed_sequence_logps(logits: Tensor, labels: Tensor, sequence_ids: Tensor,
     return sums[:num_sequences], counts[:num_sequences]
 
 
+def packed_inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Model inputs of a packed batch: tokens, restarting positions and the sequence boundaries.
+
+    `cu_seq_lens_*` and `max_length_*` are the names transformers passes down to the attention
+    function (flash attention's varlen convention); `trainer.modeling.attention` reads them on CPU.
+    """
+    boundaries, longest = batch["cu_seq_lens"], batch["max_length"]
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
+            "cu_seq_lens_q": boundaries, "cu_seq_lens_k": boundaries, "max_length_q": longest, "max_length_k": longest}
+
+
 def first_scored_position(labels: Tensor) -> int:
     """The first position whose logits a next-token loss reads: the logit at t scores `labels[:, t+1]`.
 

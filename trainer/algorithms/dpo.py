@@ -16,7 +16,7 @@ difference between chosen and rejected, so both log-probs can fall together; the
 chosen answer likely, which is what raises greedy accuracy on answers that can be checked.
 
 `reference_free` replaces the reference log-probs with 0. Chosen and rejected sequences go through the
-model in one forward pass: packed padding-free into rows of whole sequences (`pack_preference`, the
+model in one forward pass: packed padding-free into one row of whole sequences (`pack_preference`, the
 default) or stacked and right-padded (`pad_preference`); `preference_logps` reads either.
 
 Logged metrics: `loss`, `rewards/chosen`, `rewards/rejected` (beta times the log-ratio),
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, packed_sequence_logps, scored_logits, sequence_logps
+from trainer.algorithms.common import LossOutput, packed_inputs, packed_sequence_logps, scored_logits, sequence_logps
 
 
 def sigmoid_preference_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float,
@@ -142,7 +142,7 @@ def preference_logps(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor
 
     Args:
         model: A causal LM.
-        batch: From `pack_preference` (input_ids, position_ids, sequence_ids, labels: (R, L)) or
+        batch: From `pack_preference` (input_ids, position_ids, sequence_ids, labels: (1, N), cu_seq_lens) or
             `pad_preference` (input_ids, attention_mask, labels: (2B, T)).
 
     Returns:
@@ -151,8 +151,7 @@ def preference_logps(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor
     if "sequence_ids" not in batch:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         return sequence_logps(*scored_logits(model, inputs, batch["labels"]))
-    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
-    logits, labels = scored_logits(model, inputs, batch["labels"])  # (R, L', V), (R, L'): prompt-only head cut
+    logits, labels = scored_logits(model, packed_inputs(batch), batch["labels"])  # (1, N', V), (1, N'): prompt-only head cut
     sequence_ids = batch["sequence_ids"][:, -labels.shape[1]:]  # (R, L'), aligned with the kept labels
     return packed_sequence_logps(logits, labels, sequence_ids, num_sequences=num_sequences(batch))
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput
+from trainer.algorithms.common import LossOutput, packed_inputs
 
 
 def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, margin: Tensor | None = None) -> Tensor:
@@ -44,8 +44,8 @@ class RewardObjective:
 
     def score(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Rewards of the chosen and rejected sequences, (B,) each; the batch is packed or padded."""
-        if "last_positions" in batch:  # pack_preference: rows of whole sequences
-            values = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])  # (R, L)
+        if "last_positions" in batch:  # pack_preference: one row of whole sequences
+            values = model(**packed_inputs(batch))  # (1, N)
             rewards = values.reshape(-1)[batch["last_positions"]].float()  # (2B,)
         else:  # pad_preference: one right-padded sequence per row
             values = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])  # (2B, T)

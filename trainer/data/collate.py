@@ -9,7 +9,7 @@ losses agree. Rows are bounded because attention is quadratic in the row: one ro
 micro-batch (8 samples of 64-256 tokens) made packed SFT about 25% slower than padded SFT on CPU.
 Rows shorter than the longest are filled with a pad segment that restarts its own positions, so it
 is a sequence of its own that no sample sees, and it carries no labels. Preference batches pack their
-2B sequences the same way (`pack_preference`).
+2B sequences into one row read with variable-length attention (`pack_preference`).
 """
 
 from __future__ import annotations
@@ -42,22 +42,27 @@ def _best_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def _pack_rows(sequences: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Pack (input_ids, labels) sequences into rows of whole sequences, each row as long as the longest.
+def _pack_rows(sequences: list[tuple[list[int], list[int]]], pad_token_id: int,
+               width: int | None = None) -> dict[str, torch.Tensor]:
+    """Pack (input_ids, labels) sequences into rows of whole sequences, each row `width` tokens (default: the longest).
 
     Returns:
         input_ids, labels, position_ids, sequence_ids: (R, L); `sequence_ids` holds the index of the
         sequence each token belongs to (len(sequences) for the pad segment). last_positions: (N,) the
-        flat index (row * L + column) of each sequence's last token. num_tokens: real tokens.
+        flat index (row * L + column) of each sequence's last token. cu_seq_lens: (S + 1,) int32 start of
+        each segment (sequence or pad) of the flattened rows, then R * L; max_length: the longest
+        segment (the flash-attention varlen convention). num_tokens: real tokens.
     """
     lengths = [len(ids) for ids, _ in sequences]
-    width = max(lengths)
+    width = width or max(lengths)
     input_ids, labels, position_ids, sequence_ids = [], [], [], []
     last_positions = [0] * len(sequences)
+    starts: list[int] = []
     for row_index, row in enumerate(_best_fit_rows(lengths, width)):
         ids, targets, positions, owners = [], [], [], []
         for index in row:
             sequence, sequence_labels = sequences[index]
+            starts.append(row_index * width + len(ids))
             ids.extend(sequence)
             # The first token of a sequence is never a target (nothing precedes it); masking it keeps the
             # previous sequence's last position from being trained to predict it.
@@ -66,14 +71,19 @@ def _pack_rows(sequences: list[tuple[list[int], list[int]]], pad_token_id: int) 
             owners.extend([index] * len(sequence))
             last_positions[index] = row_index * width + len(ids) - 1
         fill = width - len(ids)
+        if fill:
+            starts.append(row_index * width + len(ids))
         input_ids.append(ids + [pad_token_id] * fill)
         labels.append(targets + [IGNORE_INDEX] * fill)
         positions.extend(range(fill))  # the pad segment is a sequence of its own
         position_ids.append(positions)
         sequence_ids.append(owners + [len(sequences)] * fill)
+    boundaries = starts + [len(input_ids) * width]
     as_rows = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
     return {"input_ids": as_rows(input_ids), "labels": as_rows(labels), "position_ids": as_rows(position_ids),
             "sequence_ids": as_rows(sequence_ids), "last_positions": as_rows(last_positions),
+            "cu_seq_lens": torch.tensor(boundaries, dtype=torch.int32),
+            "max_length": max(end - start for start, end in zip(boundaries[:-1], boundaries[1:])),
             "num_tokens": sum(lengths)}
 
 
@@ -90,22 +100,27 @@ def pack_sft(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Ten
 
 
 def pack_preference(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pack a preference batch's 2B sequences (chosen 0..B-1, then rejected B..2B-1) padding-free.
+    """Pack a preference batch's 2B sequences (chosen 0..B-1, then rejected B..2B-1) into one padding-free row.
 
     Inside a pair the chosen and rejected answers differ in length; padding both to one width (as
-    `pad_preference` does) spends work on pad tokens that length grouping cannot remove. Packed, each
-    sequence is whole in one row, its positions restart at 0 (no attention across sequences, as for
-    `pack_sft`), and the losses read it back by `sequence_ids` (log-prob sums) or `last_positions`
-    (the reward model's last-token read), so the result equals the padded one.
+    `pad_preference` does) spends about a sixth of the work on pad tokens that length grouping cannot
+    remove, and rows of whole sequences (as `pack_sft` makes) save little of it, because two answers
+    rarely fit into the width of the longest. So every sequence goes into one row, its positions
+    restart at 0, and `cu_seq_lens` marks where each starts: the variable-length attention of
+    `trainer.modeling.attention` (or flash attention) lets each sequence attend to itself only, and
+    costs what the sequences cost. Under plain `sdpa` transformers reads the restarting positions and
+    masks the row block-diagonally: the same result, at (row length)^2 attention. The losses read the
+    row back by `sequence_ids` (log-prob sums) or `last_positions` (the reward model's last-token read).
 
     Returns:
-        input_ids, labels, position_ids, sequence_ids: (R, L), R <= 2B rows of L tokens (L the longest
-        sequence); last_positions: (2B,); margin: (B,); num_samples; num_tokens (real tokens); and, when
-        the examples carry them, ref_logps: (2B,).
+        input_ids, labels, position_ids, sequence_ids: (1, N), N the batch's real tokens;
+        last_positions: (2B,); cu_seq_lens: (2B + 1,) int32; max_length; margin: (B,); num_samples;
+        num_tokens (= N); and, when the examples carry them, ref_logps: (2B,).
     """
     sequences = ([(e["chosen_input_ids"], e["chosen_labels"]) for e in examples]
                  + [(e["rejected_input_ids"], e["rejected_labels"]) for e in examples])
-    return {**_pack_rows(sequences, pad_token_id), **_pair_fields(examples)}
+    total = sum(len(ids) for ids, _ in sequences)
+    return {**_pack_rows(sequences, pad_token_id, width=total), **_pair_fields(examples)}
 
 
 def _pad(rows: list[list[int]], value: int, length: int) -> torch.Tensor:

@@ -34,6 +34,7 @@ from trainer.lifecycle.context import (
     resume_latest,
     seed_everything,
 )
+from trainer.modeling.attention import use_varlen_attention
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.runtime import all_reduce_sum
 from trainer.supervised.loop import SupervisedTrainer, total_steps
@@ -85,8 +86,10 @@ def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
     collate = _preference_collate(config.rm.packing, context)
     train = _load_split(load_preference_dataset, config.data.train_path, context)
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
-    return StageParts(load_value_model(config.model), train, evaluation, collate,
-                      RewardObjective(use_margin=config.rm.use_margin))
+    model = load_value_model(config.model)
+    if config.rm.packing:
+        use_varlen_attention(model)
+    return StageParts(model, train, evaluation, collate, RewardObjective(use_margin=config.rm.use_margin))
 
 
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
@@ -101,13 +104,18 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
         reference = load_frozen(load_causal_lm, config.model, context.plugin.device, options.ref_model_path,
                                 key="dpo.ref_model_path",
                                 plugin=None if options.precompute_ref_log_probs else context.plugin)
+        if options.packing:
+            use_varlen_attention(reference)
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):
                 _attach_reference_logps(reference, examples, collate, context)
             reference = None  # freed: the batches now carry the reference log-probs
     objective = DPOObjective(beta=options.beta, loss_type=options.loss_type, label_smoothing=options.label_smoothing,
                              simpo_gamma=options.simpo_gamma, rpo_alpha=options.rpo_alpha, ref_model=reference)
-    return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, objective)
+    model = load_causal_lm(config.model, plugin=context.plugin)
+    if options.packing:
+        use_varlen_attention(model)
+    return StageParts(model, train, evaluation, collate, objective)
 
 
 @torch.no_grad()

@@ -1,8 +1,10 @@
 """Packing a preference batch must not change DPO or reward-model losses, statistics or gradients.
 
-`pack_preference` puts the 2B chosen and rejected sequences into rows of whole sequences; the
-objectives read per-sequence log-prob sums (DPO) or last-token rewards (RM) back out of the rows.
-Each test runs the same pairs packed and padded through the same tiny Llama and compares.
+`pack_preference` puts the 2B chosen and rejected sequences into one row of whole sequences; the
+objectives read per-sequence log-prob sums (DPO) or last-token rewards (RM) back out of it. Each test
+runs the same pairs packed and padded through the same tiny Llama and compares, under the
+variable-length attention that training uses for packed rows and under plain `sdpa` (which masks the
+row block-diagonally).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from trainer.algorithms.dpo import DPOObjective
 from trainer.algorithms.reward import RewardObjective
 from trainer.data.collate import pack_preference, pad_preference
+from trainer.modeling.attention import VARLEN_ATTENTION, use_varlen_attention
 from trainer.modeling.models import ValueHeadModel
 from trainer.tiny.model import build_tiny_llama
 
@@ -34,6 +37,17 @@ def make_pairs(num_pairs: int, seed: int = 0) -> list[dict]:
             pair[f"{side}_labels"] = [-100] * len(prompt) + answer
         pairs.append(pair)
     return pairs
+
+
+def build_llama(seed: int, attention: str) -> torch.nn.Module:
+    model = build_tiny_llama(VOCAB, seed=seed, pad_token_id=PAD)
+    if attention == VARLEN_ATTENTION:
+        assert use_varlen_attention(model)
+    assert model.config._attn_implementation == attention
+    return model
+
+
+ATTENTIONS = pytest.mark.parametrize("attention", [VARLEN_ATTENTION, "sdpa"])
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -64,30 +78,33 @@ def assert_same_step(objective, model, packed: dict, padded: dict) -> None:
 def test_pairs_really_pack_into_fewer_tokens():
     pairs = make_pairs(6)
     packed, padded = pack_preference(pairs, PAD), pad_preference(pairs, PAD)
+    assert packed["input_ids"].numel() == packed["num_tokens"] == int(padded["attention_mask"].sum())
     assert packed["input_ids"].numel() < padded["input_ids"].numel()
-    assert packed["num_tokens"] == int(padded["attention_mask"].sum())
 
 
+@ATTENTIONS
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "simpo"])
-def test_packed_and_padded_dpo_agree(loss_type):
+def test_packed_and_padded_dpo_agree(loss_type, attention):
     pairs = make_pairs(6)
-    policy = build_tiny_llama(VOCAB, seed=1, pad_token_id=PAD)
-    reference = build_tiny_llama(VOCAB, seed=2, pad_token_id=PAD).eval().requires_grad_(False)
+    policy = build_llama(1, attention)
+    reference = build_llama(2, attention).eval().requires_grad_(False)
     objective = DPOObjective(beta=0.5, loss_type=loss_type, rpo_alpha=0.3, ref_model=reference)
     assert_same_step(objective, policy, pack_preference(pairs, PAD), pad_preference(pairs, PAD))
 
 
-def test_packed_and_padded_reference_logps_agree():
+@ATTENTIONS
+def test_packed_and_padded_reference_logps_agree(attention):
     # What precompute_ref_log_probs stores per pair does not depend on the layout either.
     pairs = make_pairs(5)
-    objective = DPOObjective(beta=0.1, ref_model=build_tiny_llama(VOCAB, seed=2, pad_token_id=PAD).eval())
+    objective = DPOObjective(beta=0.1, ref_model=build_llama(2, attention).eval())
     packed = objective.reference_logps(pack_preference(pairs, PAD))
     padded = objective.reference_logps(pad_preference(pairs, PAD))
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
     assert bool((packed < 0).all())  # every sequence has answer tokens, so every sum is a real log-prob
 
 
-def test_packed_and_padded_reward_model_agree():
+@ATTENTIONS
+def test_packed_and_padded_reward_model_agree(attention):
     pairs = make_pairs(6)
-    model = ValueHeadModel(build_tiny_llama(VOCAB, seed=1, pad_token_id=PAD).model)
+    model = ValueHeadModel(build_llama(1, attention).model)
     assert_same_step(RewardObjective(use_margin=True), model, pack_preference(pairs, PAD), pad_preference(pairs, PAD))

@@ -83,18 +83,18 @@ def make_pair(prompt: list[int], chosen: list[int], rejected: list[int]) -> dict
             "rejected_input_ids": prompt + rejected, "rejected_labels": [-100] * len(prompt) + rejected}
 
 
-def test_preference_packing_lays_out_all_2b_sequences_and_where_each_ends():
-    # Sequences: 0 chosen [1,10,11,12] (4), 1 chosen [2,20] (2), 2 rejected [1,13] (2), 3 rejected [2,21,22] (3).
-    # Rows of at most 4 tokens, best fit longest first: [0]; [3] (room 1, too small for 1); [1, 2]; row [3]
-    # ends in a 1-token pad segment.
+def test_preference_packing_puts_all_2b_sequences_in_one_row_and_marks_their_boundaries():
+    # Sequences: 0 chosen [1,10,11,12] (4), 1 chosen [2,20] (2), 2 rejected [1,13] (2), 3 rejected [2,21,22] (3),
+    # laid out longest first in one row of their 11 tokens: 0, 3, 1, 2; no padding at all.
     pairs = [make_pair([1], [10, 11, 12], [13]), make_pair([2], [20], [21, 22])]
     batch = pack_preference(pairs, pad_token_id=0)
-    assert batch["input_ids"].tolist() == [[1, 10, 11, 12], [2, 21, 22, 0], [2, 20, 1, 13]]
-    assert batch["sequence_ids"].tolist() == [[0, 0, 0, 0], [3, 3, 3, 4], [1, 1, 2, 2]]  # 4 = the pad segment
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]
+    assert batch["input_ids"].tolist() == [[1, 10, 11, 12, 2, 21, 22, 2, 20, 1, 13]]
+    assert batch["sequence_ids"].tolist() == [[0, 0, 0, 0, 3, 3, 3, 1, 1, 2, 2]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 0, 1]]
     # A sequence's first token is never a target, so no label is read across sequences.
-    assert batch["labels"].tolist() == [[-100, 10, 11, 12], [-100, 21, 22, -100], [-100, 20, -100, 13]]
-    # Flat index (row * 4 + column) of each sequence's last token, chosen 0-1 then rejected 2-3.
-    assert batch["last_positions"].tolist() == [3, 9, 11, 6]
+    assert batch["labels"].tolist() == [[-100, 10, 11, 12, -100, 21, 22, -100, 20, -100, 13]]
+    # Where each sequence ends (chosen 0-1, then rejected 2-3), and where each starts (varlen attention).
+    assert batch["last_positions"].tolist() == [3, 8, 10, 6]
+    assert batch["cu_seq_lens"].tolist() == [0, 4, 7, 9, 11] and batch["max_length"] == 4
     assert batch["num_tokens"] == 11 and batch["num_samples"] == 2
     assert batch["margin"].tolist() == [0.0, 0.0] and "attention_mask" not in batch

@@ -1,0 +1,49 @@
+"""The variable-length attention used for packed preference rows: exact per sequence, sdpa otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from trainer.modeling.attention import VARLEN_ATTENTION, use_varlen_attention
+from trainer.tiny.model import build_tiny_llama
+
+SEQUENCES = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+def packed_row() -> dict[str, torch.Tensor]:
+    """The three sequences in one row, positions restarting, boundaries 0, 5, 7, 10."""
+    boundaries = torch.tensor([0, 5, 7, 10], dtype=torch.int32)
+    return {"input_ids": torch.tensor([sum(SEQUENCES, [])]),
+            "position_ids": torch.tensor([[p for s in SEQUENCES for p in range(len(s))]]),
+            "cu_seq_lens_q": boundaries, "cu_seq_lens_k": boundaries, "max_length_q": 5, "max_length_k": 5}
+
+
+@torch.no_grad()
+def test_each_packed_sequence_sees_only_itself():
+    model = build_tiny_llama(20, seed=3).eval()
+    assert use_varlen_attention(model) and model.config._attn_implementation == VARLEN_ATTENTION
+    together = model(**packed_row(), use_cache=False).logits  # (1, 10, V)
+    for sequence, start in zip(SEQUENCES, [0, 5, 7], strict=True):
+        alone = model(input_ids=torch.tensor([sequence]), use_cache=False).logits  # (1, n, V)
+        torch.testing.assert_close(together[0, start:start + len(sequence)], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_without_boundaries_it_is_plain_sdpa_padding_included():
+    padded = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    sdpa = build_tiny_llama(20, seed=3).eval()
+    varlen = build_tiny_llama(20, seed=3).eval()
+    use_varlen_attention(varlen)
+    torch.testing.assert_close(varlen(**padded, use_cache=False).logits, sdpa(**padded, use_cache=False).logits)
+
+
+def test_eager_models_are_left_alone_and_exports_do_not_name_the_implementation(tmp_path):
+    eager = build_tiny_llama(20)
+    eager.config._attn_implementation = "eager"
+    assert not use_varlen_attention(eager) and eager.config._attn_implementation == "eager"
+    model = build_tiny_llama(20)
+    use_varlen_attention(model)
+    model.save_pretrained(tmp_path)
+    assert VARLEN_ATTENTION not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
