@@ -32,7 +32,6 @@ from trainer.checkpointing.sharded import StorageShardReader, read_shards, write
 from trainer.errors import CheckpointError, StorageError
 from trainer.jsonio import dumps
 from trainer.parallel.booster import FSDP2Plugin
-from trainer.runtime import barrier
 from trainer.storage import join_uri
 from trainer.storage.transfer import upload_dir
 
@@ -62,27 +61,24 @@ class ShardedCheckpoints:
         """
         name = f"step-{step:08d}"
         directory = join_uri(self.root, name)
-        if self.is_main_process:
-            self._remove(directory)  # left by a crash before its `latest` was written
-        barrier()
+        # Every failure is agreed on by all ranks before the next collective, so none is left waiting.
+        error = self._on_main(lambda: self._remove(directory))  # left by a crash before its `latest`
         rng_states = gather_objects(capture_rng_state())
-        with tempfile.TemporaryDirectory(prefix="alignflow-checkpoint-") as staging_root:
-            staging, error, sizes = Path(staging_root) / name, None, {}
-            try:
-                for component, (model, optimizer, _) in components.items():
-                    write_shards(model, optimizer, staging / f"{component}{SHARD_SUFFIX}")
-                sizes = self._upload_own_shards(staging, directory)
-            except (CheckpointError, StorageError, OSError) as err:
-                error = one_line(err)
-            reports = gather_objects((sizes, error))  # also where every rank's shards are known to be up
-            error = next((error for _, error in reports if error), None)
-            if error is None and self.is_main_process:
+        if error is None:
+            with tempfile.TemporaryDirectory(prefix="alignflow-checkpoint-") as staging_root:
+                staging, sizes = Path(staging_root) / name, {}
                 try:
-                    uploaded = {file_name: size for rank_sizes, _ in reports for file_name, size in rank_sizes.items()}
-                    self._commit_sharded(staging, components, state, rng_states, uploaded)
-                except (StorageError, OSError) as err:
+                    for component, (model, optimizer, _) in components.items():
+                        write_shards(model, optimizer, staging / f"{component}{SHARD_SUFFIX}")
+                    sizes = self._upload_own_shards(staging, directory)
+                except (CheckpointError, StorageError, OSError) as err:
                     error = one_line(err)
-        error = gather_objects(error)[0]  # rank 0's verdict, on every rank
+                reports = gather_objects((sizes, error))  # also where every rank's shards are known to be up
+                error = next((error for _, error in reports if error), None)
+                if error is None:
+                    uploaded = {file_name: size for rank_sizes, _ in reports for file_name, size in rank_sizes.items()}
+                    error = self._on_main(lambda: self._commit_sharded(staging, components, state, rng_states,
+                                                                       uploaded))
         if error is None:
             self.last_durable = directory
             return directory
@@ -93,6 +89,16 @@ class ShardedCheckpoints:
         if self.is_main_process:
             logger.error("%s; the next save writes a new one", message)
         return directory
+
+    def _on_main(self, function: Any) -> str | None:
+        """Run `function` on rank 0; its storage error (one line) or None, on every rank (a collective)."""
+        error = None
+        if self.is_main_process:
+            try:
+                function()
+            except (StorageError, OSError) as err:
+                error = one_line(err)
+        return gather_objects(error)[0]
 
     def _upload_own_shards(self, staging: Path, directory: str) -> dict[str, int]:
         """Upload this rank's `.distcp` files; their sizes, by name in the checkpoint. Each is deleted

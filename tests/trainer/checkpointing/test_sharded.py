@@ -210,3 +210,21 @@ def test_shards_round_trip_in_one_process_with_hyper_parameters_read_as_plain_da
     # lr and betas are not tensors: DCP stores them as bytes, read back with torch.load(weights_only=True).
     assert other.param_groups[0]["lr"] == 0.125 and tuple(other.param_groups[0]["betas"]) == (0.8, 0.9)
     assert reader.files_read == {".metadata", "__0_0.distcp"}
+
+
+def test_a_sharded_save_that_cannot_write_is_one_error_and_moves_no_pointer(tmp_path, caplog):
+    from trainer.parallel.booster import FSDP2Plugin
+
+    (tmp_path / "blocked").write_text("a file where the checkpoint root's parent directory should be")
+    root = tmp_path / "blocked" / "checkpoints"
+    # The FSDP2 plugin picks the sharded path; DCP needs no process group for a plain module.
+    manager = CheckpointManager(root, Booster(FSDP2Plugin(DistributedEnv(0, 0, 1), torch.device("cpu"))))
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    components = {"model": (model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))}
+    with pytest.raises(CheckpointError, match=r"checkpoint step-00000001 could not be saved to .*blocked/checkpoints: "
+                                              r".*; last durable checkpoint: none"):
+        manager.save(components, {"global_step": 1}, 1)
+    manager.save(components, {"global_step": 2}, 2, block=False)  # a mid-run save: logged, training goes on
+    assert "checkpoint step-00000002 could not be saved" in caplog.text
+    assert manager.last_durable is None and manager.latest() is None
