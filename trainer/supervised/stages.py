@@ -86,7 +86,7 @@ def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
     collate = _preference_collate(config.rm.packing, context)
     train = _load_split(load_preference_dataset, config.data.train_path, context)
     evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
-    model = load_value_model(config.model)
+    model = load_value_model(config.model, plugin=context.plugin)
     if config.rm.packing:
         use_varlen_attention(model)
     return StageParts(model, train, evaluation, collate, RewardObjective(use_margin=config.rm.use_margin))
