@@ -89,12 +89,15 @@ def test_one_lineage_parent_run_with_nested_stage_runs_and_dataset_inputs(local_
 
     root, run_dir = local_run
     client, runs = mlflow_runs(root)
-    assert sorted(runs) == ["dpo", "rlhf-dpo", "sft"]
+    assert sorted(runs) == ["dpo", "evaluate", "rlhf-dpo", "sft"]
     parent = runs["rlhf-dpo"]
     kfp_run_id = parent.data.tags["alignflow.pipeline_run_id"]
+    from kfp import dsl
+
+    assert kfp_run_id and kfp_run_id != dsl.PIPELINE_JOB_ID_PLACEHOLDER  # resolved to the run's id
     assert parent.data.tags["alignflow.pipeline"] == "rlhf-dpo" and parent.data.tags["alignflow.pipeline_version"]
     assert parent.info.status == "FINISHED"  # closed by the exit handler
-    for stage in ("sft", "dpo"):
+    for stage in ("sft", "dpo", "evaluate"):
         tags = runs[stage].data.tags
         assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["alignflow.task"] == stage
         assert tags["alignflow.pipeline_run_id"] == kfp_run_id
@@ -103,6 +106,18 @@ def test_one_lineage_parent_run_with_nested_stage_runs_and_dataset_inputs(local_
     logged = {d.dataset.name: json.loads(d.dataset.profile)["sha256"] for d in parent.inputs.dataset_inputs}
     assert logged["sft_train"] == hashlib.sha256((tiny / "sft_train.jsonl").read_bytes()).hexdigest()
     assert {"sft_train", "preference_train", "eval_prompts"} <= set(logged)
+
+
+def test_evaluation_metrics_are_in_mlflow_under_the_parent_run(local_run):
+    """Logged by evaluate-model itself, so they are there whatever the gate decides."""
+    root, run_dir = local_run
+    _, runs = mlflow_runs(root)
+    evaluation = task_outputs(run_dir, started=0.0)["evaluate-model"]["metrics"]
+    logged = runs["evaluate"].data.metrics
+    for key in ("reward", "baseline_reward", "improvement"):
+        assert logged[key] == pytest.approx(evaluation[key])
+        assert runs["rlhf-dpo"].data.metrics[f"evaluation/{key}"] == pytest.approx(evaluation[key])
+    assert "champion_reward" not in logged  # the first run: no champion yet, the baseline is the bar
 
 
 def test_every_stage_writes_an_html_plot_of_its_curves(local_run):
@@ -123,8 +138,41 @@ def test_gate_registers_the_pipelines_candidate_into_its_lineage(local_run):
     assert str(registered.version) == version["Output"] == "1"
     assert client.get_model_version_by_alias("alignflow-dpo", "candidate").version == registered.version
     assert registered.tags["alignflow.pipeline_run_id"] == kfp_run_id
+    assert registered.tags["alignflow.pipeline"] == "rlhf-dpo"
+    evaluation = task_outputs(run_dir, started=0.0)["evaluate-model"]["metrics"]
+    for key in ("reward", "baseline_reward", "improvement"):
+        assert float(registered.tags[f"metric.{key}"]) == pytest.approx(evaluation[key])
     assert registered.run_id == runs["dpo"].info.run_id  # -> the stage run -> its parent, the pipeline's run
+    assert registered.tags["alignflow.evaluation_run_id"] == runs["evaluate"].info.run_id
+    assert runs["rlhf-dpo"].data.tags["alignflow.registered_model"] == "alignflow-dpo/1"
     assert "Sample answers, side by side" in (run_dir / "register-model" / "comparison").read_text()
+
+
+@pytest.mark.slow
+def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tmp_path):
+    """A second rlhf-dpo run on a copy of the first run's registry: its evaluation scores champion version 1
+    (the first run's model, read where the first run left it) on the same prompts, and the gate compares with
+    that score (about a minute and a half more)."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    root, first_dir = local_run
+    shutil.copytree(root, tmp_path / "root", ignore=shutil.ignore_patterns("rlhf-*"))  # mlflow.db, tiny inputs
+    first = task_outputs(first_dir, started=0.0)["evaluate-model"]["metrics"]
+    run_dir = run_locally("rlhf-dpo", tmp_path / "root", {}, preset="tiny")
+    summary = task_outputs(run_dir, started=0.0)
+    evaluation = summary["evaluate-model"]["metrics"]
+    assert evaluation["champion_version"] == 1
+    # A fresh evaluation of version 1's files reproduces the score its own run gave it (greedy, same prompts).
+    assert evaluation["champion_reward"] == pytest.approx(first["reward"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'root' / 'mlflow.db'}")
+    if "register-model" in summary:  # it beat the SFT baseline: version 2, champion only if it beat version 1
+        second = client.get_model_version_by_alias("alignflow-dpo", "candidate")
+        assert str(second.version) == "2"
+        assert second.tags["alignflow.compared_with"] == "champion version 1 (scored in this evaluation)"
+        beats = evaluation["reward"] > evaluation["champion_reward"]
+        assert str(client.get_model_version_by_alias("alignflow-dpo", "champion").version) == ("2" if beats else "1")
 
 
 @pytest.mark.parametrize("name", ["rlhf-grpo", pytest.param("rlhf-ppo", marks=pytest.mark.slow)])
@@ -162,3 +210,6 @@ def test_gate_catches_ppo_hacking_its_reward_model(tmp_path):
     assert evaluation["rm_score"] > evaluation["baseline_rm_score"]  # what PPO optimised went up
     assert evaluation["reward"] < evaluation["baseline_reward"]  # what it was meant to stand for went down
     assert evaluation["improvement"] <= 0 and "register-model" not in summary
+    _, runs = mlflow_runs(tmp_path)  # the closed gate's evaluation is in MLflow all the same
+    assert runs["evaluate"].data.metrics["reward"] == pytest.approx(evaluation["reward"])
+    assert runs["evaluate"].data.tags["mlflow.parentRunId"] == runs["rlhf-ppo"].info.run_id
