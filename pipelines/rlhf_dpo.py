@@ -53,4 +53,4 @@ def rlhf_dpo(
                                  eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
                                  beta=dpo_beta, settings=dpo_settings, **stage))
         evaluate_and_register(dpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-dpo")
+                              lineage, "rlhf-dpo", scheduling)

@@ -53,4 +53,4 @@ def rlhf_grpo(
                                    lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
                                    settings=grpo_settings, **stage))
         evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-grpo")
+                              lineage, "rlhf-grpo", scheduling)

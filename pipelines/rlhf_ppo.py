@@ -64,4 +64,4 @@ def rlhf_ppo(
                                  reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
                                  kl_coef=ppo_kl_coef, settings=ppo_settings, **stage))
         evaluate_and_register(ppo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-ppo", reward_model=reward_model)
+                              lineage, "rlhf-ppo", scheduling, reward_model=reward_model)

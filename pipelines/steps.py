@@ -83,7 +83,7 @@ def sft_stage(base_model_uri: str, inputs: dsl.PipelineTask, stage: dict, sft_lr
 
 def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTask, inputs: dsl.PipelineTask,
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
-                          lineage: dsl.PipelineTask, pipeline: str,
+                          lineage: dsl.PipelineTask, pipeline: str, scheduling: dict,
                           reward_model: dsl.PipelineTask | None = None) -> None:
     """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher.
 
@@ -96,7 +96,8 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
     evaluation = as_step(evaluate_model(model=candidate.outputs["model"], baseline=baseline.outputs["model"],
                                         prompts=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                         max_new_tokens=max_new_tokens, registered_model_name=registered_model_name,
-                                        parent_run_id=lineage.output, **cluster, **extra))
+                                        parent_run_id=lineage.output, scheduling=scheduling, **cluster,
+                                        **extra))
     evaluation.set_caching_options(False)  # it scores whichever version is the champion now
     with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
         gate = as_step(register_model(model=candidate.outputs["model"], evaluation=evaluation.outputs["metrics"],

@@ -26,6 +26,7 @@ def evaluate_model(
     gpus_per_node: int = 1,
     s3_secret: str = "",
     job_root: str = "",
+    scheduling: dict = {},
 ) -> float:
     """Score greedy responses of a model, a baseline and the current champion on held-out prompts, in a job
     on a GPU node.
@@ -57,6 +58,8 @@ def evaluate_model(
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Where the job writes its results; empty uses a folder beside the metrics.
+        scheduling: Overrides of the platform's scheduling defaults for the job's pods (the run's
+            `scheduling` parameter, as the training stages get it; keys in components/launcher/scheduling.py).
 
     Returns:
         The candidate's mean checkable reward minus the baseline's (positive when it is better).

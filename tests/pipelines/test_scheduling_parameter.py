@@ -1,4 +1,4 @@
-"""Scheduling in the compiled pipelines: one `scheduling` run parameter reaches every training stage, and every
+"""Scheduling in the compiled pipelines: one `scheduling` run parameter reaches every job-launching task, and every
 component pod gets the chart's scheduling keys from the defaults ConfigMap."""
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ def compiled(name: str, tmp_path) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("name", ["rlhf-dpo", "rlhf-ppo", "rlhf-grpo"])
-def test_every_training_stage_takes_the_runs_scheduling_parameter(name, tmp_path):
+def test_every_job_launching_task_takes_the_runs_scheduling_parameter(name, tmp_path):
     pipeline, platform = compiled(name, tmp_path)
     assert pipeline["root"]["inputDefinitions"]["parameters"]["scheduling"]["defaultValue"] == {}
     tasks = {task_name: task for component in pipeline["components"].values()
              for task_name, task in component.get("dag", {}).get("tasks", {}).items()}
-    training = {task_name: task for task_name, task in tasks.items() if task_name.startswith("train-")}
-    assert len(training) >= 2
+    # The evaluation's job runs on GPU nodes too, so it takes the same overrides as the training stages.
+    training = {task_name: task for task_name, task in tasks.items()
+                if task_name.startswith("train-") or task_name == "evaluate-model"}
+    assert len(training) >= 3 and "evaluate-model" in training
     for task_name, task in training.items():
         # Inside the exit handler's sub-DAG the pipeline's parameter arrives as a `pipelinechannel--` input.
         assert task["inputs"]["parameters"]["scheduling"] == {
