@@ -103,6 +103,8 @@ class DPOObjective:
             return preference_logps(self.ref_model, batch)[0]
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        # The reference runs first: its forward's transient memory then never adds to the policy's saved activations.
+        reference = self.reference_logps(batch) if self.needs_reference else None  # (2B,)
         logps, num_tokens = preference_logps(model, batch)  # (2B,), (2B,)
         chosen_logps, rejected_logps = logps.chunk(2)  # (B,) each
         chosen_tokens, rejected_tokens = num_tokens.clamp(min=1).chunk(2)  # (B,) each
@@ -112,7 +114,7 @@ class DPOObjective:
             losses = simpo_loss(chosen_logps / chosen_tokens, rejected_logps / rejected_tokens,
                                 beta=self.beta, gamma=self.simpo_gamma)
         else:
-            ref_chosen, ref_rejected = self.reference_logps(batch).chunk(2)
+            ref_chosen, ref_rejected = reference.chunk(2)
             chosen_logratios, rejected_logratios = chosen_logps - ref_chosen, rejected_logps - ref_rejected
             chosen_rewards, rejected_rewards = self.beta * chosen_logratios, self.beta * rejected_logratios
             if self.loss_type == "ipo":

@@ -3,12 +3,13 @@
 A packed preference batch (`trainer.data.collate.pack_preference`) is one row of whole sequences
 with position ids that restart at each sequence. Under `sdpa`, transformers reads such a row as
 packed and builds a block-diagonal mask over the whole row, so attention costs (row length)^2 and
-the mask alone is that big. Under this implementation, the batch's `cu_seq_lens_q` (the sequence
-boundaries, in the flash-attention varlen convention that transformers already passes down to the
-attention function) splits the row and each sequence attends causally to itself only, with SDPA's
-causal kernel: attention costs the sum of (sequence length)^2 and nothing is computed for padding.
-Without `cu_seq_lens_q` (padded batches, generation) it is plain `sdpa`, masks included, so a model
-set to it behaves as before on every other input.
+the mask alone is that big. Under this implementation no mask is built for an unpadded call; the
+batch's `cu_seq_lens_q` (the sequence boundaries, in the flash-attention varlen convention that
+transformers already passes down to the attention function), or else the restarting `position_ids`,
+split the tokens and each sequence attends causally to itself only, with SDPA's causal kernel:
+attention costs the sum of (sequence length)^2 and nothing is computed for padding. Padded calls
+(an attention mask) and cached decoding are plain `sdpa`, so a model set to it behaves as before on
+every other input.
 
 `_attn_implementation` is not saved with a model's config, so exported models are unaffected.
 """
@@ -26,44 +27,60 @@ VARLEN_ATTENTION = "alignflow_varlen_sdpa"
 
 def varlen_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                           dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[Tensor, None]:
-    """Causal attention of each packed sequence to itself; plain `sdpa` when the call carries no boundaries.
+    """Causal attention of each packed sequence to itself; plain `sdpa` for padded or cached calls.
 
     Args:
         module: The attention module (its `num_key_value_groups` tells grouped-query attention apart).
-        query: (1, H, N, D); key, value: (1, H_kv, N, D) for one packed row of N tokens.
-        attention_mask: sdpa's mask; unread for a packed row (the boundaries say the same).
+        query: (B, H, T, D); key, value: (B, H_kv, T, D).
+        attention_mask: None for an unpadded call (`sequence_mask` builds none), else sdpa's 4D mask.
         dropout, scaling: As for `scaled_dot_product_attention`.
-        kwargs: `cu_seq_lens_q`: (S + 1,) int boundaries of the S sequences in the row, 0 first, N last.
+        kwargs: `cu_seq_lens_q`: (S + 1,) boundaries of the S sequences in the flattened B * T tokens,
+            0 first, B * T last; without it they are read off `position_ids` (a sequence starts at 0).
 
     Returns:
-        (1, N, H, D) attention output, and None (no attention weights), as transformers expects.
+        (B, T, H, D) attention output, and None (no attention weights), as transformers expects.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     boundaries = kwargs.pop("cu_seq_lens_q", None)
-    if boundaries is None or query.shape[0] != 1:
+    positions = kwargs.get("position_ids")
+    is_whole = attention_mask is None and query.shape[2] == key.shape[2] > 1  # no padding, no cache
+    if not is_whole or (boundaries is None and positions is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    grouped = getattr(module, "num_key_value_groups", 1) > 1
-    dropout = dropout if module.training else 0.0
+    batch, heads, length, dim = query.shape
+    if boundaries is None:
+        starts = (positions.reshape(-1) == 0).nonzero().squeeze(1)  # where each sequence begins in B * T tokens
+        boundaries = torch.cat([starts, starts.new_tensor([batch * length])])
+    flat = lambda states: states.transpose(0, 1).reshape(1, states.shape[1], batch * length, dim)  # noqa: E731
+    query, key, value = flat(query), flat(key), flat(value)  # (1, H, B * T, D): rows laid end to end
     bounds = boundaries.tolist()
     pieces = [
         F.scaled_dot_product_attention(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                       dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=grouped)
+                                       dropout_p=dropout if module.training else 0.0, scale=scaling, is_causal=True,
+                                       enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
         for start, end in zip(bounds[:-1], bounds[1:], strict=True)
     ]  # each (1, H, n_i, D)
-    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None  # (1, N, H, D)
+    output = torch.cat(pieces, dim=2).reshape(heads, batch, length, dim)  # (H, B, T, D)
+    return output.permute(1, 2, 0, 3).contiguous(), None  # (B, T, H, D)
+
+
+def sequence_mask(*args: Any, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor | None:
+    """No mask for an unpadded call (the attention reads sequence boundaries instead), else sdpa's."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
 def register_varlen_attention() -> None:
     """Make `VARLEN_ATTENTION` a valid `attn_implementation` (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention)
-    # sdpa's masks, so that every call without boundaries is exactly sdpa. For a packed row that is a
-    # block-diagonal (1, 1, N, N) boolean mask the varlen path does not read: N^2 bytes, built once per forward.
-    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN_ATTENTION, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN_ATTENTION, sequence_mask)
 
 
 def use_varlen_attention(model: nn.Module) -> bool:

@@ -31,6 +31,29 @@ def test_each_packed_sequence_sees_only_itself():
 
 
 @torch.no_grad()
+def test_restarting_positions_alone_split_rows_too():
+    # No boundaries passed, two rows (pack_sft's layout): [5..9] and [10, 11, 12, 13, 14] as 2 + 3.
+    model = build_tiny_llama(20, seed=3).eval()
+    use_varlen_attention(model)
+    rows = model(input_ids=torch.tensor([SEQUENCES[0], SEQUENCES[1] + SEQUENCES[2]]),
+                 position_ids=torch.tensor([[0, 1, 2, 3, 4], [0, 1, 0, 1, 2]]), use_cache=False).logits  # (2, 5, V)
+    for row, start, sequence in [(0, 0, SEQUENCES[0]), (1, 0, SEQUENCES[1]), (1, 2, SEQUENCES[2])]:
+        alone = model(input_ids=torch.tensor([sequence]), use_cache=False).logits
+        torch.testing.assert_close(rows[row, start:start + len(sequence)], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_cached_generation_is_unchanged():
+    prompts = {"input_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]), "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    sdpa = build_tiny_llama(20, seed=3).eval()
+    varlen = build_tiny_llama(20, seed=3).eval()
+    use_varlen_attention(varlen)
+    for inputs in (prompts, {"input_ids": prompts["input_ids"][1:]}):  # left-padded, and one unpadded prompt
+        expected = sdpa.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(varlen.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0), expected)
+
+
+@torch.no_grad()
 def test_without_boundaries_it_is_plain_sdpa_padding_included():
     padded = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
     sdpa = build_tiny_llama(20, seed=3).eval()
