@@ -136,8 +136,13 @@ def build_pytorchjob(spec: JobSpec) -> dict:
     job_spec: dict = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(spec)}
     if is_elastic(spec):
         # Without a Master replica the operator does not pass nprocPerNode on as PET_NPROC_PER_NODE.
-        nproc = [{"name": "PET_NPROC_PER_NODE", "value": str(spec.nproc_per_node)}]
-        job_spec["pytorchReplicaSpecs"] = {"Worker": _replica(spec, spec.num_nodes, nproc)}
+        # With the rendezvous' TCPStore shared with the workers (torch's default since 2.4), a surviving rank-0
+        # agent keeps the previous round's MASTER_ADDR/PORT and never publishes them for the next round, so a
+        # restarted worker's agent waits for them until it times out and the job cannot rejoin
+        # (pytorch/pytorch#135712): each round then gets its own store.
+        extra = [{"name": "PET_NPROC_PER_NODE", "value": str(spec.nproc_per_node)},
+                 {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
+        job_spec["pytorchReplicaSpecs"] = {"Worker": _replica(spec, spec.num_nodes, extra)}
         job_spec["elasticPolicy"] = {"rdzvBackend": "c10d", "rdzvId": spec.name, "minReplicas": spec.num_nodes,
                                      "maxReplicas": spec.num_nodes, "maxRestarts": spec.max_restarts}
     else:

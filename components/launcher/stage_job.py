@@ -92,8 +92,10 @@ class ClusterOptions:
     """How long a pod may stay Pending for a reported reason (unschedulable, image pull) before the task fails."""
     poll_seconds: float = 10.0
     """How often the launcher looks at the job's pods, their events and the trainer's log."""
-    # Pod restarts inside the job; KFP's own task retries (pipelines/options.py) come on top.
-    backoff_limit: int = 1
+    # Pod restarts inside the job; KFP's own task retries (pipelines/options.py) come on top. The operator fails
+    # the job once the running pods' restart count reaches backoffLimit, so 2 lets one restarted container (a
+    # worker of an elastic job rejoining) finish the job; 1 would fail it at its first restart.
+    backoff_limit: int = 2
 
 
 def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:

@@ -6,8 +6,9 @@ For each pod bound to a node it pulls the image (an image the cluster does not h
 `CreateContainerConfigError` with the kubelet's message), adds what every container gets
 (`KUBERNETES_SERVICE_HOST/PORT`, `HOSTNAME`, the image's PATH and HOME), mounts the service
 account token, and runs exactly `command + args` in the pod's own filesystem (`sandbox.py`) from
-an empty working directory. It reports container states and pod phase as a kubelet does, restarts
-per `restartPolicy`, keeps each container's log for `pods/log`, and stops the process (SIGTERM,
+an empty working directory, with the pod's name as its hostname. It reports container states and pod
+phase as a kubelet does, restarts per `restartPolicy` (in the same pod, counting `restartCount`, after
+a CrashLoopBackOff back-off that starts at 1 s instead of the kubelet's 10 s and doubles), keeps each container's log for `pods/log`, and stops the process (SIGTERM,
 then SIGKILL after the grace period) when the pod is deleted.
 
 One container per pod (the first); init containers, probes and volumes other than the service
@@ -33,6 +34,9 @@ from tests.cluster.store import NotFound, Store, now_rfc3339
 logger = logging.getLogger(__name__)
 IMAGE_PATH = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_GRACE_SECONDS = 5.0
+# The kubelet's restart back-off starts at 10 s and doubles up to 5 min; here 1 s, doubling up to 10 s.
+RESTART_BACKOFF_SECONDS = 1.0
+MAX_RESTART_BACKOFF_SECONDS = 10.0
 
 
 class ConfigError(Exception):
@@ -78,6 +82,7 @@ class Runtime:
     reader: threading.Thread | None = None
     started_at: str = ""
     restarts: int = 0
+    restart_at: float = 0.0  # time.monotonic() when the back-off of a restart ends
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -197,9 +202,10 @@ class Kubelet:
         runtime = self.runtimes.get(key)
         if runtime is None:
             runtime = self.runtimes[key] = Runtime(PodFilesystem(self.pods_dir / f"{key[0]}_{key[1]}",
-                                                                 self.hosts.get(key)), ContainerLog())
+                                                                 self.hosts.get(key), hostname=key[1]), ContainerLog())
         if runtime.process is None:
-            self._start(key, pod, runtime)
+            if time.monotonic() >= runtime.restart_at:
+                self._start(key, pod, runtime)
             return
         code = runtime.process.poll()
         if code is None:
@@ -215,6 +221,8 @@ class Kubelet:
                       "startedAt": runtime.started_at, "finishedAt": now_rfc3339()}
         if restart:
             runtime.process, runtime.restarts = None, runtime.restarts + 1
+            backoff = min(RESTART_BACKOFF_SECONDS * 2 ** (runtime.restarts - 1), MAX_RESTART_BACKOFF_SECONDS)
+            runtime.restart_at = time.monotonic() + backoff
             self._set_status(key, "Running", {"waiting": {"reason": "CrashLoopBackOff",
                                                           "message": f"back-off restarting failed container, exit code {code}"}},
                              last=terminated)
@@ -327,9 +335,11 @@ class Kubelet:
             container_status = {"name": container["name"], "image": container.get("image", ""),
                                 "imageID": "", "ready": ready, "restartCount": runtime.restarts, "state": state,
                                 "started": "running" in state}
+            previous = (status.get("containerStatuses") or [{}])[0]
             if last:
                 container_status["lastState"] = {"terminated": last}
-            previous = (status.get("containerStatuses") or [{}])[0]
+            elif previous.get("lastState"):  # the previous container's end stays visible after a restart
+                container_status["lastState"] = previous["lastState"]
             if previous.get("state") != state or previous.get("restartCount") != runtime.restarts:
                 changed.append(True)
             status["containerStatuses"] = [container_status]

@@ -9,7 +9,9 @@ artifact mounts `/minio`, `/s3` and `/gcs` (world-writable, as KFP's emptyDir vo
 is the pod's too, holding only this machine's Python (pyenv lives there). Those are
 the pod's own folders on the host, so the emulator can play the KFP launcher: download input
 artifacts into them before the container starts and upload outputs from them afterwards.
-`/etc/hosts` is the pod's own file too, so Service names (`<job>-master-0`) resolve. The command
+`/etc/hosts` is the pod's own file too, so Service names (`<job>-master-0`) resolve, and the pod has its own
+UTS namespace whose hostname is the pod's name, as in a real pod (torchrun's c10d rendezvous decides
+which agent hosts the store, and which address its workers meet at, from the hostname). The command
 runs as the container's user (`setpriv`), e.g. uid 1000 as the alignflow images declare. Nothing a
 pod writes is visible to another.
 
@@ -49,6 +51,7 @@ for entry in /* /.dockerenv; do
 done
 for name in $POD_DIRS; do mkdir -p "$root/$name"; mount --bind "$pod/fs/$name" "$root/$name"; done
 mount --bind "$pod/hosts" "$root/etc/hosts"
+if [ -n "$POD_HOSTNAME" ]; then hostname "$POD_HOSTNAME"; fi
 if [ -n "$INTERPRETER" ]; then mkdir -p "$root$INTERPRETER"; mount --rbind "$INTERPRETER" "$root$INTERPRETER"; fi
 if [ "$RUN_AS" = "0:0" ]; then exec chroot "$root" /usr/bin/env -i -C "$WORKDIR" "$@"; fi
 exec chroot "$root" setpriv --reuid "${RUN_AS%:*}" --regid "${RUN_AS#*:}" --clear-groups /usr/bin/env -i -C "$WORKDIR" "$@"
@@ -60,7 +63,7 @@ class SandboxUnavailable(RuntimeError):
 
 
 def _unshare_prefix() -> list[str]:
-    return ["unshare", "--mount", "--propagation", "private"]
+    return ["unshare", "--mount", "--uts", "--propagation", "private"]
 
 
 def check_available() -> None:
@@ -79,14 +82,17 @@ def check_available() -> None:
 class PodFilesystem:
     """The host-side folders of one pod, and the command line that runs a container in them."""
 
-    def __init__(self, base: Path, hosts: dict[str, str] | None = None) -> None:
+    def __init__(self, base: Path, hosts: dict[str, str] | None = None, hostname: str = "") -> None:
         self.base = base
+        self.hostname = hostname
         self.uid, self.gid = 0, 0
         for name in POD_DIRS:
             (base / "fs" / name).mkdir(parents=True, exist_ok=True)
             (base / "fs" / name).chmod(MODES[name])
         (base / "mnt").mkdir(exist_ok=True)
-        lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in (hosts or {}).items())]
+        # The kubelet writes the pod's own hostname into its /etc/hosts too.
+        hosts = {**({hostname: "127.0.0.1"} if hostname else {}), **(hosts or {})}
+        lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in hosts.items())]
         (base / "hosts").write_text("\n".join(lines) + "\n")
 
     def host_path(self, pod_path: str) -> Path:
@@ -127,6 +133,6 @@ class PodFilesystem:
         """(argv, env) for Popen: `argv` run in the pod's root with exactly `env`, from /workspace."""
         assignments = [f"{key}={value}" for key, value in env.items()]
         outer_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "POD_DIRS": " ".join(POD_DIRS), "WORKDIR": WORKDIR,
-                     "RUN_AS": f"{self.uid}:{self.gid}", "INTERPRETER": INTERPRETER}
+                     "RUN_AS": f"{self.uid}:{self.gid}", "INTERPRETER": INTERPRETER, "POD_HOSTNAME": self.hostname}
         return ([*_unshare_prefix(), "sh", "-ec", _SETUP, "pod-setup", str(self.base / "mnt"), str(self.base),
                  *assignments, *argv], outer_env)

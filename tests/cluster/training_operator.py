@@ -4,11 +4,18 @@ For each PyTorchJob it creates one pod per replica (`<job>-master-0`, `<job>-wor
 and owned like the operator's), with the environment the operator (v1.9) appends to every
 container: PYTHONUNBUFFERED, MASTER_ADDR/PORT and PET_MASTER_ADDR/PORT, WORLD_SIZE, RANK,
 PET_NPROC_PER_NODE, PET_NODE_RANK, and PET_NNODES, or with an `elasticPolicy` the PET_RDZV_* set.
-Service names of the replicas resolve to this machine through each pod's /etc/hosts. It then
-follows the pods and sets the job's conditions as the operator does: Created; Running once the
-master runs; Succeeded when the master succeeds; Failed when a replica fails for good, when
-restarts pass `runPolicy.backoffLimit`, or when `activeDeadlineSeconds` passes; Restarting (and a
-new pod) for `restartPolicy: ExitCode` on a retryable exit code. When the job is deleted, its pods
+Service names of the replicas resolve through each pod's /etc/hosts to a loopback address of the
+replica's own (127.0.0.2, .3, ...: every 127/8 address is this machine), so, as between real pods,
+no replica takes another's name for its own (torchrun's c10d rendezvous hosts its store on the
+agent whose host matches the endpoint). It then follows the pods and sets the job's conditions as
+the operator does: Created; Running once the master runs (with no Master replica: once a worker
+runs); Succeeded when the master succeeds (with no Master: when every worker has, or, for an
+elastic job, when one has); Failed when a replica fails for good, when the container restarts of
+the running pods reach `runPolicy.backoffLimit` (any restart when it is 0), or when
+`activeDeadlineSeconds` passes; Restarting (and a new pod) for `restartPolicy: ExitCode` on a
+retryable exit code. A pod whose container fails under `restartPolicy: OnFailure` is restarted
+in place by the kubelet (kubelet.py), so a restarted worker of an elastic job rejoins its
+rendezvous under the same name. When the job is deleted, its pods
 go too (garbage collection of owned objects); `ttlSecondsAfterFinished` deletes finished jobs.
 
 One difference is forced by sharing the host network: each job's ports are mapped to free ports
@@ -118,8 +125,9 @@ class TrainingOperator:
         env = self._env(job, replica_type, index)
         spec["containers"] = [{**c, "env": [*(c.get("env") or []), *env]} for c in spec.get("containers", [])]
         name = replica_name(meta["name"], replica_type, index)
-        hosts = {replica_name(meta["name"], kind, i): "127.0.0.1"
-                 for kind, r in job["spec"]["pytorchReplicaSpecs"].items() for i in range(int(r.get("replicas", 1)))}
+        replicas = [replica_name(meta["name"], kind, i) for kind, r in job["spec"]["pytorchReplicaSpecs"].items()
+                    for i in range(int(r.get("replicas", 1)))]
+        hosts = {replica: f"127.0.0.{2 + number}" for number, replica in enumerate(replicas)}
         self.kubelet.hosts[(meta["namespace"], name)] = hosts
         self.store.create("pods", {
             "metadata": {"name": name, "namespace": meta["namespace"], "labels": labels,
@@ -171,13 +179,15 @@ class TrainingOperator:
         label = f"{meta['namespace']}/{meta['name']}"
         master = pods.get(replica_name(meta["name"], "Master", 0))
         phases = {pod_name: pod["status"].get("phase") for pod_name, pod in pods.items()}
-        restarts = sum(s.get("restartCount", 0) for p in pods.values() for s in p["status"].get("containerStatuses", []))
+        restarts = sum(s.get("restartCount", 0) for p in pods.values() if p["status"].get("phase") == "Running"
+                       for s in p["status"].get("containerStatuses", []))
+        limit = run_policy.get("backoffLimit")
         started = (job.get("status") or {}).get("startTime")
         deadline = run_policy.get("activeDeadlineSeconds")
         if started and deadline and _seconds_since(started) > deadline:
             return [("Failed", "DeadlineExceeded",
                      f"PyTorchJob {meta['name']} has failed because it was active longer than specified deadline")]
-        if restarts > run_policy.get("backoffLimit", 2**31):
+        if limit is not None and (restarts > 0 if limit == 0 else restarts >= limit):  # the operator's own test
             return [("Failed", "BackoffLimitExceeded",
                      f"PyTorchJob {meta['name']} has failed because it has reached the specified backoff limit")]
         failed = [n for n, phase in phases.items() if phase == "Failed"]
@@ -188,10 +198,21 @@ class TrainingOperator:
             kind = pods[failed[0]]["metadata"]["labels"][f"{LABEL}/replica-type"].capitalize()
             return [("Failed", "PyTorchJobFailed",
                      f"PyTorchJob {label} is failed because {len(failed)} {kind} replica(s) failed.")]
-        if master is not None and phases.get(master["metadata"]["name"]) == "Succeeded":
+        if master is not None:
+            succeeded = phases.get(master["metadata"]["name"]) == "Succeeded"
+            running = phases.get(master["metadata"]["name"]) == "Running"
+        elif "Master" not in job["spec"]["pytorchReplicaSpecs"]:  # Workers only: the operator's rule for them
+            workers = [phase for pod_name, phase in phases.items()
+                       if pods[pod_name]["metadata"]["labels"][f"{LABEL}/replica-type"] == "worker"]
+            expected = int(job["spec"]["pytorchReplicaSpecs"].get("Worker", {}).get("replicas", 1))
+            done = workers.count("Succeeded")
+            succeeded = done == expected or (job["spec"].get("elasticPolicy") is not None and done > 0)
+            running = "Running" in workers
+        else:
+            succeeded = running = False
+        if succeeded:
             return [("Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {label} successfully completed.")]
-        if master is not None and phases.get(master["metadata"]["name"]) == "Running" \
-                and not condition_true(job, "Running"):
+        if running and not condition_true(job, "Running"):
             return [("Running", "PyTorchJobRunning", f"PyTorchJob {label} is running.")]
         return []
 
