@@ -7,8 +7,10 @@ One process with micro-batch 2b takes the same optimizer steps as two processes 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ def run_torchrun(stage: str, config: dict, directory: Path, suffix: str = "") ->
                f"--master_port={free_port()}", str(DRIVER), stage, str(config_path), str(directory)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    (directory / f"{stage}{suffix}.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [torch.load(directory / f"rank{rank}{suffix}.pt") for rank in range(2)]
 
@@ -91,3 +94,43 @@ def test_ppo_actor_and_critic_agree_across_ranks(tmp_path, tiny_model, task_file
     assert_states_close(actor0, actor1, rtol=0, atol=0)
     assert_states_close(critic0, critic1, rtol=0, atol=0)
     assert not torch.allclose(actor0["lm_head.weight"], initial["lm_head.weight"])
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo"])
+def test_online_stage_loads_every_model_into_shards_under_fsdp2_and_matches_ddp(stage, tmp_path, tiny_model, task_files):
+    from tests.trainer.modeling.test_value_heads import sequence_classifier
+
+    # A reward model from a path (its random head scores every response differently, so GRPO's groups
+    # have advantages where the untrained model's all-wrong answers would have none), a reference for
+    # PPO's KL penalty and GRPO's beta > 0, and PPO's critic, loaded from the reward model.
+    sequence_classifier(tiny_model, tmp_path / "rm")
+    algorithm = {"num_episodes": 2, "rollout_batch_size": 8, "mini_batch_size": 4}
+    options = {"ppo": {"ppo": {**algorithm, "critic_lr": 1e-3, "kl_coef": 0.1}},
+               "grpo": {"grpo": {**algorithm, "rollout_batch_size": 2, "num_generations": 4, "beta": 0.1}}}[stage]
+
+    def config(name: str, plugin: str) -> dict:
+        return stage_dict(stage, tmp_path / name, tiny_model, task_files["prompts"],
+                          optimizer={"lr": 1e-3, "scheduler": "constant"}, train={"micro_batch_size": 4},
+                          generation={"max_new_tokens": 4}, parallel={"plugin": plugin},
+                          reward={"model_path": str(tmp_path / "rm")}, **options)
+
+    dumps = {plugin: tmp_path / f"dump-{plugin}" for plugin in ("fsdp2", "ddp")}
+    for directory in dumps.values():
+        directory.mkdir()
+    sharded = run_torchrun(stage, config("fsdp2", "fsdp2"), dumps["fsdp2"])
+    whole = run_torchrun(stage, config("ddp", "ddp"), dumps["ddp"])
+    log = (dumps["fsdp2"] / f"{stage}.log").read_text()
+    initial = load_file(tiny_model / "model.safetensors")
+
+    # Every model the stage builds was loaded into shards, none whole on every rank: the actor and the
+    # reference (both model.path), the reward model and PPO's critic.
+    loaded = Counter(re.findall(r"sharded_load: (\S+): loaded \S+ into shards", log))
+    critic = {"ppo.critic_model_path": loaded["reward.model_path"]} if stage == "ppo" else {}
+    assert loaded["reward.model_path"] > 0
+    assert loaded == Counter({"model.path": 2 * loaded["reward.model_path"], "reward.model_path": loaded["reward.model_path"],
+                              **critic})
+    assert "loads it whole" not in log
+    assert_states_close(sharded[0], sharded[1], rtol=0, atol=0)
+    # Same sampling seeds per rank and the same gradients: the sharded run is the whole-model run.
+    assert_states_close(sharded[0], whole[0], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(sharded[0]["lm_head.weight"], initial["lm_head.weight"])

@@ -10,7 +10,9 @@ every engine.
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
 nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (1 by default:
-decode steps are too small to split across threads).
+decode steps are too small to split across threads). An FSDP2-sharded policy's forward all-gathers
+its layers (a collective), so it samples with `synced_gpus=True`: a rank whose responses all ended
+keeps running forwards until every rank's have, and all ranks make the same number of calls.
 
 Where a faster engine plugs in (vLLM or SGLang, on GPU images; not implemented here): a subclass of
 `RolloutEngine` whose `generate` hands the prompt ids to the engine (vLLM: `LLM.generate` with
@@ -87,7 +89,8 @@ class HFGenerateEngine(RolloutEngine):
             with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
                 output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                                          max_new_tokens=options.max_new_tokens, eos_token_id=stop_token_ids,
-                                         pad_token_id=pad_token_id, use_cache=True, **sampling)
+                                         pad_token_id=pad_token_id, use_cache=True,
+                                         synced_gpus=is_sharded(policy), **sampling)
         except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
             if "inf" not in str(err) and "nan" not in str(err):
                 raise
@@ -105,6 +108,17 @@ class HFGenerateEngine(RolloutEngine):
     def sync_from(self, policy: nn.Module) -> None:
         if unwrap_model(policy) is not unwrap_model(self.model):  # sampling with the actor itself: nothing to copy
             self.load_weights(unwrap_model(policy).state_dict())
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is FSDP2-sharded: its forward is then a collective that every rank must run.
+
+    Hugging Face only turns `synced_gpus` on by itself for models it sharded (`_is_fsdp_managed_module`),
+    not for a plain `fully_shard`, so it is passed explicitly.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import numbers
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from trainer.config import OnlineStageConfig
 from trainer.errors import RewardError
 from trainer.modeling.models import load_frozen, load_value_model
 from trainer.online.reward_registry import RewardAllowList, RewardFunction, resolve_reward_function
+
+if TYPE_CHECKING:
+    from trainer.parallel.booster import Plugin
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
@@ -139,9 +142,14 @@ def _last_action_values(values: Tensor, action_mask: Tensor) -> Tensor:
     return values.gather(1, last.unsqueeze(1)).squeeze(1).float()
 
 
-def build_scorer(config: OnlineStageConfig, device: torch.device) -> Any:
-    """The configured reward source: a function by name, or a frozen reward model on `device`."""
+def build_scorer(config: OnlineStageConfig, device: torch.device, plugin: Plugin | None = None) -> Any:
+    """The configured reward source: a function by name, or a frozen reward model on `device`.
+
+    With an FSDP2 `plugin` the reward model loads straight into shards (each rank holds 1/world); its
+    forward is then a collective, which holds because every rank scores each of its rollouts once.
+    """
     if config.reward.function is not None:
         return FunctionScorer(load_reward_function(config.reward.function), config.reward.timeout_seconds)
-    reward_model = load_frozen(load_value_model, config.model, device, config.reward.model_path, key="reward.model_path")
+    reward_model = load_frozen(load_value_model, config.model, device, config.reward.model_path, key="reward.model_path",
+                               plugin=plugin)
     return RewardModelScorer(reward_model)

@@ -31,7 +31,7 @@ from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.experience import ReplayBuffer
 from trainer.online.loop import PPOTrainer, needs_reference, trainer_class
 from trainer.online.reward_sources import build_scorer
-from trainer.parallel.booster import Booster, build_booster
+from trainer.parallel.booster import Booster, Plugin, build_booster
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +55,14 @@ def boost_model_parts(booster: Booster, model: nn.Module, optimizer_config: Opti
                                         lambda optimizer: build_scheduler(optimizer, optimizer_config, total_steps))
 
 
-def load_critic_model(config: PPOConfig) -> nn.Module:
-    """The PPO critic before boosting: `ppo.critic_model_path`, else the reward model, else the policy, with a value head."""
+def load_critic_model(config: PPOConfig, plugin: Plugin | None = None) -> nn.Module:
+    """The PPO critic before boosting: `ppo.critic_model_path`, else the reward model, else the policy, with a value head.
+
+    With an FSDP2 `plugin` (the critic booster's) it loads straight into shards, and boosting keeps it so.
+    """
     critic_path = config.ppo.critic_model_path or config.reward.model_path or config.model.path
-    return load_value_model(config.model.model_copy(update={"lora": None}), critic_path, key="ppo.critic_model_path")
+    return load_value_model(config.model.model_copy(update={"lora": None}), critic_path, key="ppo.critic_model_path",
+                            plugin=plugin)
 
 
 def boost_critic(context: RunContext, critic_model: nn.Module, config: PPOConfig,
@@ -74,11 +78,16 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     """Everything the colocated loop needs, loaded (data first) and boosted; outputs opened."""
     prompts = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
     ptx_batches = load_ptx_batches(config, context)
-    scorer = build_scorer(config, context.plugin.device)
-    reference = load_frozen(load_causal_lm, config.model, context.plugin.device) if needs_reference(config) else None
+    # Under FSDP2 every model loads straight into shards (no rank holds any of them whole). Their forwards
+    # are then collectives: each rank generates (synced_gpus), scores and runs the reference on its own
+    # rollout_batch_size rows once per collect step, so the calls line up across ranks.
+    plugin = context.plugin
+    scorer = build_scorer(config, plugin.device, plugin=plugin)
+    reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) if needs_reference(config) else None
     seed_everything(config.train.seed)
-    actor_model = load_causal_lm(config.model)
-    critic_model = load_critic_model(config) if isinstance(config, PPOConfig) else None
+    actor_model = load_causal_lm(config.model, plugin=plugin)
+    # The critic's booster is built on the same plugin (`boost_critic`).
+    critic_model = load_critic_model(config, plugin) if isinstance(config, PPOConfig) else None
     open_outputs(context)
     seed_everything(config.train.seed + context.env.rank)  # ranks sample different responses
     total = total_optimizer_steps(config, context.env.world_size)
