@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 import subprocess
 import sys
 from collections import Counter
@@ -96,6 +97,11 @@ def test_ppo_actor_and_critic_agree_across_ranks(tmp_path, tiny_model, task_file
     assert not torch.allclose(actor0["lm_head.weight"], initial["lm_head.weight"])
 
 
+# Half the tiny vocabulary stops a response, so each rank's rows all end after a different number of
+# tokens: a sharded actor must keep stepping (synced_gpus) until every rank's have, or generation hangs.
+STOP_OFTEN = list(string.ascii_letters)
+
+
 @pytest.mark.parametrize("stage", ["ppo", "grpo"])
 def test_online_stage_loads_every_model_into_shards_under_fsdp2_and_matches_ddp(stage, tmp_path, tiny_model, task_files):
     from tests.trainer.modeling.test_value_heads import sequence_classifier
@@ -111,7 +117,7 @@ def test_online_stage_loads_every_model_into_shards_under_fsdp2_and_matches_ddp(
     def config(name: str, plugin: str) -> dict:
         return stage_dict(stage, tmp_path / name, tiny_model, task_files["prompts"],
                           optimizer={"lr": 1e-3, "scheduler": "constant"}, train={"micro_batch_size": 4},
-                          generation={"max_new_tokens": 4}, parallel={"plugin": plugin},
+                          generation={"max_new_tokens": 8, "stop": STOP_OFTEN}, parallel={"plugin": plugin},
                           reward={"model_path": str(tmp_path / "rm")}, **options)
 
     dumps = {plugin: tmp_path / f"dump-{plugin}" for plugin in ("fsdp2", "ddp")}
