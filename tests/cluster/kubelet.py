@@ -9,7 +9,8 @@ account token, and runs exactly `command + args` in the pod's own filesystem (`s
 an empty working directory, with the pod's name as its hostname. It reports container states and pod
 phase as a kubelet does, restarts per `restartPolicy` (in the same pod, counting `restartCount`, after
 a CrashLoopBackOff back-off that starts at 1 s instead of the kubelet's 10 s and doubles), keeps each container's log for `pods/log`, and stops the process (SIGTERM,
-then SIGKILL after the grace period) when the pod is deleted.
+then SIGKILL after the grace period) when the pod is deleted. A SIGKILL reaches every descendant of the
+container's process, as a runtime kills a container's cgroup (`kill_container` plays a node loss).
 
 One container per pod (the first); init containers, probes and volumes other than the service
 account are not emulated.
@@ -292,13 +293,22 @@ class Kubelet:
         for line in runtime.process.stdout:
             runtime.log.append(line.rstrip("\n"))
 
+    def kill_container(self, namespace: str, name: str) -> None:
+        """SIGKILL every process of a pod's running container, as a node loss or an OOM kill does."""
+        with self.lock:
+            runtime = self.runtimes[(namespace, name)]
+            _signal_container(runtime.process, signal.SIGKILL)
+
     def _stop(self, runtime: Runtime, grace: float) -> None:
         process = runtime.process
         if process is None or process.poll() is not None:
             return
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
-                os.killpg(process.pid, sig)
+                if sig == signal.SIGKILL:
+                    _signal_container(process, sig)
+                else:
+                    os.killpg(process.pid, sig)
             except ProcessLookupError:
                 return
             try:
@@ -348,6 +358,29 @@ class Kubelet:
         self.store.mutate("pods", key[0], key[1], change)
         if event and changed:
             record_event(self.store, key[0], key[1], "Warning", event[0], event[1], "kubelet")
+
+
+def _signal_container(process: subprocess.Popen, sig: int) -> None:
+    """Signal a container's process group and every descendant, as a runtime kills a container's cgroup.
+
+    Without cgroups a process that left the group (torchrun starts its workers in sessions of their
+    own) would outlive the container; here it dies with it, as in a real pod.
+    """
+    import psutil
+
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+    for child in descendants:
+        try:
+            child.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def set_condition(status: dict, kind: str, value: str, reason: str = "", message: str = "") -> None:
