@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import torch
@@ -47,12 +48,20 @@ def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict
     mine = rows[rank::world_size]
     totals = torch.zeros(len(scorers) + 1, dtype=torch.float64, device=device)  # (scorers..., count)
     rollouts = []
-    for start in range(0, len(mine), batch_size):
+    # Every rank runs the same number of chunks: under FSDP2 each generation and reward-model forward is a
+    # collective. A rank that ran out of rows (its share is one row short, or empty) scores a stand-in
+    # row and counts nothing from it.
+    chunks = math.ceil(math.ceil(len(rows) / world_size) / batch_size)
+    for start in range(0, chunks * batch_size, batch_size):
         chunk = mine[start:start + batch_size]
+        counted = bool(chunk)
+        chunk = chunk or rows[:1]
         rollout = generate_and_score(model, tokenizer, chunk, generation, device, scorers[0])
-        rollouts.append(rollout)
         extra = [scorer(rollout.batch, rollout.prompts, rollout.responses, [r.get("answer") for r in chunk])
                  for scorer in scorers[1:]]
+        if not counted:
+            continue
+        rollouts.append(rollout)
         totals += torch.stack([s.double().sum() for s in (rollout.scores, *extra)]
                               + [torch.tensor(float(len(chunk)), dtype=torch.float64, device=device)])
     *sums, count = all_reduce_sum(totals).tolist()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import torch
 import yaml
 
 from trainer.__main__ import main
+from trainer.online.engines import HFGenerateEngine
 from trainer.tiny.task import check_answer
 
 
@@ -41,3 +43,34 @@ def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model
     metrics = evaluate(tmp_path, sft_model, tiny_model, task_files["eval_prompts"],
                        function="trainer.tiny.task:reward", model_path=str(tmp_path / "rm"))
     assert {"reward", "baseline_reward", "rm_score", "baseline_rm_score", "improvement"} <= set(metrics)
+
+
+class CountingEngine(HFGenerateEngine):
+    """The default `hf` engine, counting its generate calls (each one is a collective under FSDP2)."""
+
+    calls = 0
+
+    def generate(self, *args, **kwargs):
+        self.calls += 1
+        return super().generate(*args, **kwargs)
+
+
+def test_every_rank_generates_as_many_chunks_and_counts_only_its_own_rows(tiny_model, task_files):
+    from trainer.config import GenerationConfig, ModelConfig
+    from trainer.modeling.models import load_causal_lm, load_tokenizer
+    from trainer.online.evaluate import mean_score
+    from trainer.online.reward_sources import FunctionScorer, load_reward_function
+
+    model, tokenizer = load_causal_lm(ModelConfig(path=str(tiny_model))), load_tokenizer(str(tiny_model))
+    rows = [json.loads(line) for line in task_files["eval_prompts"].read_text().splitlines()][:5]
+    generation, scorer = GenerationConfig(max_new_tokens=2, temperature=0.0), FunctionScorer(load_reward_function("trainer.tiny.task:reward"))
+    # 5 rows on 2 ranks in chunks of 2: rank 0 holds 3 rows (2 chunks), rank 1 holds 2 (1 chunk of its own).
+    # With rank 1 running one chunk fewer, a sharded actor's second generation would wait forever.
+    results = []
+    for rank in range(2):
+        engine = CountingEngine(model)
+        means, rollouts = mean_score(engine, tokenizer, rows, generation, torch.device("cpu"), [scorer],
+                                     rank=rank, world_size=2, batch_size=2)
+        results.append((engine.calls, sum(len(r.prompts) for r in rollouts), means))
+    assert [calls for calls, _, _ in results] == [2, 2]
+    assert [counted for _, counted, _ in results] == [3, 2]  # the stand-in row is neither kept nor counted
