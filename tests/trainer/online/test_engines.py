@@ -105,3 +105,29 @@ def test_an_unknown_engine_is_one_config_error(tiny_model, task_files):
 def test_an_engine_is_an_abstract_interface():
     with pytest.raises(TypeError, match="abstract"):
         RolloutEngine()
+
+
+def test_sampling_stops_as_soon_as_every_row_has_hit_a_stop_token(policy_and_tokenizer):
+    """Rows that end early are not sampled on to `max_new_tokens`: the engine makes one forward per step
+    until the last row's stop token, and the batch is only as wide as the longest response."""
+    policy, tokenizer = policy_and_tokenizer
+    options = GenerationConfig(max_new_tokens=16, temperature=1.0)
+    stops = stop_token_ids(tokenizer, options)
+    calls = []
+
+    def force_stops(module, args, output):  # row i samples a stop token at step i + 1 and none before
+        step = len(calls)
+        calls.append(step)
+        for row in range(output.logits.shape[0]):
+            output.logits[row, -1, stops] = 1e4 if step >= row + 1 else float("-inf")
+
+    handle = policy.register_forward_hook(force_stops)
+    try:
+        batch = generate(HFGenerateEngine(policy), tokenizer, [encode_prompt(tokenizer, text) for text in PROMPTS],
+                         options, torch.device("cpu"))
+    finally:
+        handle.remove()
+    assert len(calls) == len(PROMPTS) + 1  # the last row stops at step 3; nothing runs after it
+    assert batch["action_mask"].sum(-1).tolist() == [2, 3, 4]  # each response up to and including its stop
+    width = batch["input_ids"].shape[1] - left_pad([encode_prompt(tokenizer, t) for t in PROMPTS], 0)[0].shape[1]
+    assert width == len(PROMPTS) + 1
