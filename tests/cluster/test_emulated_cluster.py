@@ -136,7 +136,7 @@ def test_replicas_run_the_manifest_command_with_the_operator_env_and_resolved_se
     cluster.wait_for(lambda: phase(cluster, "env") == "Succeeded", 30, "job env succeeds")
     log = core.read_namespaced_pod_log("env-master-0", NS, container="pytorch").splitlines()
     assert log[:3] == ["1000", "/workspace", "KEY=from-the-secret"]  # the image's user, an empty directory
-    assert log[3] == "RANK=0 MASTER_ADDR=env-master-0" and log[4].startswith("127.0.0.1")
+    assert log[3] == "RANK=0 MASTER_ADDR=env-master-0" and log[4].split() == ["127.0.0.2", "env-master-0"]  # the replica's own loopback address
 
 
 def test_missing_secret_keeps_the_pod_waiting_with_the_kubelets_message(cluster, apis):

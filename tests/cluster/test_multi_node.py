@@ -11,7 +11,7 @@ Once a checkpoint is complete, worker-1's container is SIGKILLed (a node loss, a
 kubelet restarts it in the same pod (`restartPolicy: OnFailure`, after a 1 s back-off), its agent
 rejoins the rendezvous, worker-0's agent restarts its own worker in the new round (within
 `maxRestarts`), both resume from the newest checkpoint, and the job Succeeds within its
-`backoffLimit`. About a minute on 2 cores.
+`backoffLimit`. About 70 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_two_node_elastic_job_survives_a_killed_worker(sandbox, object_store, ti
     # The new worker group (a second rendezvous round) resumed once, from a checkpoint written before the end.
     resumed = [int(step) for step in re.findall(r"resumed from \S+ \(.*\bglobal_step (\d+)", worker_0_log)]
     assert len(resumed) == 1 and SAVE_INTERVAL <= resumed[0] < MAX_STEPS, worker_0_log[-4000:]
-    assert "Loading weights" in worker_1_log  # the restarted container ran the trainer again
+    assert worker_1_log.count("Loading weights: 100%") >= 2  # both of worker-1's containers ran rank 1
     # Each step logged once, 1..MAX_STEPS: the history continued from the checkpoint, nothing replayed twice.
     records = [json.loads(line) for line in read_text(store, f"{job_root}/metrics.jsonl").splitlines() if line]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, MAX_STEPS + 1))
