@@ -25,10 +25,6 @@ import torch
 from trainer.checkpointing.common import STATE_FILE, ModelParts, gather_objects, one_line
 from trainer.checkpointing.rng_state import capture_rng_state, encode_rng_state, rng_state_file
 from trainer.checkpointing.serialization import load_json, refusing_pickled_objects
-from trainer.checkpointing.sharded import FORMAT as SHARDED_FORMAT
-from trainer.checkpointing.sharded import METADATA_FILE as SHARD_METADATA
-from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
-from trainer.checkpointing.sharded import StorageShardReader, read_shards, write_shards
 from trainer.errors import CheckpointError, StorageError
 from trainer.jsonio import dumps
 from trainer.parallel.booster import FSDP2Plugin
@@ -37,6 +33,10 @@ from trainer.storage.transfer import upload_dir
 
 logger = logging.getLogger(__name__)
 
+# `trainer.checkpointing.sharded` is imported in the methods that use it: it imports
+# torch.distributed.checkpoint, hence DTensor and sympy (~50 MB of RSS), which a run that never
+# writes or reads shards would otherwise hold through its training peak.
+
 
 class ShardedCheckpoints:
     """Mixed into `CheckpointManager`, whose attributes and `_write_extras`, `_publish`, `_remove`
@@ -44,6 +44,9 @@ class ShardedCheckpoints:
 
     def holds_shards(self, directory: str, components: dict[str, ModelParts]) -> bool:
         """Whether the checkpoint `directory` stores its components as DCP shards."""
+        from trainer.checkpointing.sharded import METADATA_FILE as SHARD_METADATA
+        from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
+
         return any(self.storage.exists(join_uri(directory, f"{name}{SHARD_SUFFIX}", SHARD_METADATA))
                    for name in components)
 
@@ -59,6 +62,9 @@ class ShardedCheckpoints:
         upload finished. A failure is a CheckpointError on every rank, or (`block` False) one logged
         line, and the next save writes a new checkpoint.
         """
+        from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
+        from trainer.checkpointing.sharded import write_shards
+
         name = f"step-{step:08d}"
         directory = join_uri(self.root, name)
         # Every failure is agreed on by all ranks before the next collective, so none is left waiting.
@@ -103,6 +109,8 @@ class ShardedCheckpoints:
     def _upload_own_shards(self, staging: Path, directory: str) -> dict[str, int]:
         """Upload this rank's `.distcp` files; their sizes, by name in the checkpoint. Each is deleted
         once up, so rank 0's pass over its staging directory does not upload it again."""
+        from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
+
         sizes = {}
         for path in sorted(staging.glob(f"*{SHARD_SUFFIX}/*.distcp")):
             relative = path.relative_to(staging).as_posix()
@@ -114,6 +122,8 @@ class ShardedCheckpoints:
     def _commit_sharded(self, staging: Path, components: dict[str, ModelParts], state: Any,
                         rng_states: list[dict[str, Any]], uploaded: dict[str, int]) -> None:
         """Rank 0, after every rank's shards are up: the shared files, the manifest, the marker, `latest`."""
+        from trainer.checkpointing.sharded import FORMAT as SHARDED_FORMAT
+
         for component, (_, _, scheduler) in components.items():
             torch.save(scheduler.state_dict(), staging / f"{component}.scheduler.pt")
         for rank, rng_state in enumerate(rng_states):
@@ -128,6 +138,10 @@ class ShardedCheckpoints:
 
     def _load_sharded(self, directory: str, components: dict[str, ModelParts]) -> dict[str, Any]:
         """Each rank fetches the small files and only the shard files its slices overlap (`StorageShardReader`)."""
+        from trainer.checkpointing.sharded import METADATA_FILE as SHARD_METADATA
+        from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
+        from trainer.checkpointing.sharded import StorageShardReader, read_shards
+
         rank = self.booster.plugin.rank
         with tempfile.TemporaryDirectory(prefix="alignflow-resume-") as scratch:
             local = Path(scratch)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpointing.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
-from trainer.checkpointing.sharded import FORMAT as SHARDED_FORMAT
 from trainer.config import StageConfig, as_dict
 from trainer.errors import CheckpointError, ConfigError, RunFinished
 from trainer.lifecycle.data_identity import content_identity
@@ -191,6 +190,8 @@ BATCH_KEYS = ("train.micro_batch_size", "train.gradient_accumulation_steps")
 
 def _is_reshardable(manifest: dict[str, Any], state: dict[str, Any], saved: dict[str, Any] | None) -> bool:
     """A sharded checkpoint of a supervised run (its position is a sample count), with a fingerprint."""
+    from trainer.checkpointing.sharded import FORMAT as SHARDED_FORMAT  # here: it imports DCP (~50 MB)
+
     return manifest.get("format") == SHARDED_FORMAT and "samples_in_epoch" in state and saved is not None
 
 

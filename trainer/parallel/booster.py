@@ -27,13 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from trainer.errors import ConfigError
 from trainer.runtime import DistributedEnv
@@ -43,7 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed.checkpoint.state_dict is imported where it is used, not here: it pulls in DTensor and
+# sympy (~50 MB of RSS), which every training process would otherwise hold through its peak.
 
 
 class Plugin:
@@ -244,10 +238,14 @@ class Booster:
     # -- checkpoints: full state dicts (`CheckpointManager` writes them on rank 0), read by every rank --
 
     def load_model(self, model: nn.Module, checkpoint: str | Path, strict: bool = True, **_: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
         model = self._model_of_optimizer[id(optimizer)]
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
@@ -257,11 +255,16 @@ class Booster:
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The unsharded weights on CPU (a collective: every rank must call it; complete on rank 0)."""
-        return get_model_state_dict(model, options=_FULL_STATE)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The unsharded optimizer state on CPU, keyed by parameter name (a collective)."""
-        return get_optimizer_state_dict(self._model_of_optimizer[id(optimizer)], optimizer, options=_FULL_STATE)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self._model_of_optimizer[id(optimizer)], optimizer, options=options)
 
 
 Plugin.booster_class = Booster
