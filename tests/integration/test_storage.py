@@ -61,7 +61,7 @@ def test_large_file_goes_up_in_parts(bucket, tmp_path):
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
 
 
-def test_resume_from_s3_checkpoint_gives_identical_parameters(bucket, tiny_model, task_files, tmp_path):
+def test_resume_from_s3_checkpoint_gives_identical_parameters(bucket, tiny_model, task_files, tmp_path, caplog):
     def config(output):
         return make_config("sft", output, tiny_model, task_files["sft_train"],
                            train={"max_epochs": 2, "micro_batch_size": 8}, checkpoint={"save_interval": 3})
@@ -70,7 +70,9 @@ def test_resume_from_s3_checkpoint_gives_identical_parameters(bucket, tiny_model
     output = f"s3://{bucket}/runs/resumed"
     run_stage(config(output), stop_after_steps=7)
     assert "runs/resumed/checkpoints/step-00000007/trainer_state.json" in keys(bucket, "runs/resumed")
-    run_stage(config(output))
+    with caplog.at_level("INFO", logger="trainer.checkpointing.checkpoint"):
+        run_stage(config(output))
+    assert f"resumed from {output}/checkpoints/step-00000007 " in caplog.text  # the URI, not a scratch copy
 
     straight = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     resumed = load_file(cached_copy(f"{output}/model/model.safetensors"))

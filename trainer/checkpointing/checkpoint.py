@@ -325,7 +325,10 @@ class CheckpointManager(ShardedCheckpoints):
             local = Path(directory) if not is_remote(directory) else Path(scratch)
             if is_remote(directory):
                 download_prefix(directory, local)
-            return self._load_local(local, components)
+            state = self._load_local(local, components)
+        # The checkpoint's own URI, not the scratch copy an s3:// one was read from.
+        logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
+        return state
 
     def _load_local(self, directory: Path, components: dict[str, ModelParts]) -> dict[str, Any]:
         state = load_json((directory / STATE_FILE).read_bytes(), str(directory / STATE_FILE), CheckpointError)
@@ -340,7 +343,6 @@ class CheckpointManager(ShardedCheckpoints):
                 with refusing_pickled_objects(directory / file_name, CheckpointError):
                     load(target, directory / file_name)
         self._restore_rank_rng(directory, directory)
-        logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
         return state
 
     def _restore_rank_rng(self, local: Path, directory: str | Path) -> None:
