@@ -12,7 +12,8 @@ when the run was stopped by a signal:
   error" that the Training Operator's `ExitCode` restart policy treats as permanent. Here the exit
   status is 128 + signal (143 for SIGTERM, 130 for SIGINT), which that policy retries.
 - The workers stopped on their own because of a signal (a signal sent to them rather than to the
-  agent): every failed worker exited 143 or 130. The status is that of the first failure.
+  agent): a failed worker exited 143 or 130, and every other one did too or was stopped by the
+  agent's own SIGTERM after it. The status is the preempted worker's.
 
 Any other failure is torchrun's, unchanged (its error report, exit 1).
 
@@ -29,6 +30,17 @@ import sys
 
 # Worker exit statuses that mean "stopped by this signal at a step boundary" (trainer.lifecycle.preemption).
 PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
+# How torchrun reports a worker that its own shutdown signalled: once the first worker exits 143, the
+# agent sends SIGTERM to the rest, and one that had already left its handler (it saved too and was
+# exiting) dies of it.
+STOPPED_BY_AGENT = {-signal.SIGTERM, -signal.SIGINT}
+
+
+def preempted_status(statuses: list[int]) -> int | None:
+    """The job's status when its failed workers were preempted (143 or 130), else None (a real failure)."""
+    if any(status not in PREEMPTED | STOPPED_BY_AGENT for status in statuses):
+        return None
+    return next((status for status in statuses if status in PREEMPTED), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +57,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{status} (preempted: rerun to resume from the newest checkpoint)", file=sys.stderr)
         return status
     except ChildFailedError as err:
-        statuses = [failure.exitcode for failure in err.failures.values()]
-        if not statuses or any(status not in PREEMPTED for status in statuses):
+        status = preempted_status([failure.exitcode for failure in err.failures.values()])
+        if status is None:
             raise
-        status = err.get_first_failure()[1].exitcode
         print(f"torchrun: the workers were stopped by a signal; exit status {status} (preempted: "
               "rerun to resume)", file=sys.stderr)
         return status

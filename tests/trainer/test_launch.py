@@ -80,3 +80,14 @@ def test_a_failing_worker_is_still_torchruns_exit_1(tmp_path, tiny_model, task_f
     assert code == 1, child.stderr[-3000:]
     assert "no_such_key" in child.stderr
     assert "ChildFailedError" in child.stderr  # torchrun's own report of the failed workers
+
+
+def test_workers_stopped_by_the_agent_after_a_preempted_one_still_mean_preempted():
+    from trainer.launch import preempted_status
+
+    # Rank 1 saved and exited 143; the agent then sent SIGTERM to rank 0, which was already exiting.
+    assert preempted_status([-15, 143]) == 143
+    assert preempted_status([130]) == 130
+    assert preempted_status([-15]) is None  # killed by a signal without any worker's stopping checkpoint
+    assert preempted_status([143, 1]) is None  # one worker really failed
+    assert preempted_status([2, -15]) is None
