@@ -58,6 +58,9 @@ def stage_config(stage: str, output: Path, model: Path, task: dict[str, Path]) -
 
 PROGRESS = {"online": re.compile(r"episode (\d+): reward"), "supervised": re.compile(r" step (\d+)/(\d+) ")}
 RESUMED = re.compile(r"resumed from .*step-(\d+)")
+# A signal that lands after the last step (during the export) leaves a finished run: the rerun says so
+# and trains nothing, so no work is done twice.
+FINISHED = re.compile(r"already holds a finished \w+ run")
 
 
 # -- one process ----------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def trial(stage: str, directory: Path, model: Path, task: dict, reference: dict,
     tally.kills += 1
     stderr = run_to_end(stage, config)
     match = RESUMED.search(stderr)
-    resumed_from = int(match.group(1)) if match else 0
+    resumed_from = reached if FINISHED.search(stderr) else int(match.group(1)) if match else 0
     tally.steps_lost.append(max(0, reached - resumed_from))
     weights = final_weights(output)
     if weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in reference):
