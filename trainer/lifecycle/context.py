@@ -219,11 +219,11 @@ def _load_agreed(checkpoints: CheckpointManager, directory: str,
 def _stamp(context: RunContext, checkpoints: CheckpointManager) -> None:
     """What every checkpoint of this run carries and does: its identity in the manifest, the metric
     history up to its step, and (remote output) publishing the run's files once it is complete."""
+    if not context.env.is_main_process:
+        return  # only rank 0 writes a manifest: the other ranks need not hash the data files
     checkpoints.metadata = {"fingerprint": run_fingerprint(context.config, stage_name(context.config)),
                             "world_size": context.plugin.world_size,
                             "mlflow_run_id": mlflow_run_id(context.tracker)}
-    if not context.env.is_main_process:
-        return
     metrics = context.output_dir / METRICS_FILE
     checkpoints.attachments = lambda: {METRICS_FILE: metrics.read_bytes()} if metrics.is_file() else {}
     if is_remote(context.output_uri):
