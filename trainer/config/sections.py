@@ -51,6 +51,10 @@ class LoraConfig(Section):
 class ModelConfig(Section):
     path: str = Field(description="Hugging Face causal LM and tokenizer: a local directory or an s3:// prefix.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lean_activations: bool = Field(
+        True, description="Llama-family SwiGLU MLPs and RMSNorms keep fewer tensors for backward and recompute the "
+        "elementwise rest (forward unchanged, gradients equal up to rounding); false keeps Hugging Face's modules."
+    )
     attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="Attention kernel of the HF model.")
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter (needs the `lora` extra); null trains all weights.")
 

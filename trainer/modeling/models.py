@@ -26,6 +26,7 @@ from trainer.errors import ConfigError
 if TYPE_CHECKING:
     from trainer.parallel.booster import Plugin
 from trainer.modeling import value_heads
+from trainer.modeling.lean_activations import use_lean_activations
 from trainer.modeling.sharded_load import build_on_meta, can_load_sharded, materialize_shards
 from trainer.modeling.value_heads import find_value_head
 
@@ -167,6 +168,8 @@ def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: t
 
 
 def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:
+    if config.lean_activations:
+        use_lean_activations(model)
     if config.gradient_checkpointing:
         target = model.backbone if isinstance(model, ValueHeadModel) else model
         enable_activation_checkpointing(target)
