@@ -109,12 +109,12 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
     options = {"attn_implementation": config.attn_implementation, **dtype_keyword(torch.float32)}
     if plugin is not None and plugin.shards_parameters:
         if can_load_sharded(directory):
-            model = _apply_options(build_on_meta(AutoModelForCausalLM, directory, **options), config)
+            model = _apply_options(build_on_meta(AutoModelForCausalLM, directory, **options), config, plugin)
             return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key)
         logger.info("%s: %s has no safetensors weights (or torch has no DCP HF reader): every rank loads it whole",
                     key, directory)
     model = _from_pretrained(AutoModelForCausalLM.from_pretrained, directory, key, **options)
-    return _apply_options(model, config)
+    return _apply_options(model, config, plugin)
 
 
 def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path",
@@ -147,7 +147,7 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
         model.head.load_state_dict(head)
     else:
         logger.info("%s: %s has no value head; starting from a new one", key, directory)
-    model = _apply_options(model, config)
+    model = _apply_options(model, config, plugin)
     if sharded:
         return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key, keep=("head.",))
     return model
@@ -167,8 +167,8 @@ def load_frozen(loader: Callable[..., nn.Module], config: ModelConfig, device: t
     return model if plugin is not None and plugin.is_wrapped(model) else model.to(device)
 
 
-def _apply_options(model: nn.Module, config: ModelConfig) -> nn.Module:
-    if config.lean_activations:
+def _apply_options(model: nn.Module, config: ModelConfig, plugin: Plugin | None = None) -> nn.Module:
+    if config.lean_activations and not (plugin is not None and plugin.rewrites_modules):
         use_lean_activations(model)
     if config.gradient_checkpointing:
         target = model.backbone if isinstance(model, ValueHeadModel) else model

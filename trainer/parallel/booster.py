@@ -51,6 +51,10 @@ class Plugin:
     shards_parameters = False
     """Whether each rank holds only a slice of every parameter (models can then load straight into
     shards, `trainer.modeling.sharded_load`, and checkpoints are written in shards)."""
+    rewrites_modules = False
+    """Whether the plugin replaces the model's modules or manages their weights' storage itself
+    (ColossalAI's `gemini` and `hybrid_parallel`): alignflow then leaves the modules' forwards as
+    Hugging Face wrote them (`model.lean_activations` is not applied)."""
 
     def __init__(self, env: DistributedEnv, device: torch.device) -> None:
         self.env = env

@@ -74,6 +74,11 @@ class ColossalAIPlugin(Plugin):
                                     rank=0, world_size=1)
 
     @property
+    def rewrites_modules(self) -> bool:
+        """`hybrid_parallel` swaps modules for tensor-parallel ones and `gemini` moves weights between chunks."""
+        return self.options.plugin in ("gemini", "hybrid_parallel")
+
+    @property
     def world_size(self) -> int:
         """Data-parallel replicas: the processes of one tensor-parallel group share their samples."""
         return self.env.world_size // self.options.tp_size

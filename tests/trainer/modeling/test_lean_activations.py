@@ -129,3 +129,21 @@ def test_a_deep_copy_computes_with_its_own_weights():
     with torch.no_grad():
         assert torch.equal(twin(**inputs).logits, fresh(**inputs).logits)
         assert not torch.equal(twin(**inputs).logits, lean(**inputs).logits)
+
+
+def test_loaded_models_get_it_unless_off_or_the_plugin_rewrites_modules(tiny_model):
+    from trainer.config import ModelConfig
+    from trainer.modeling.models import load_causal_lm
+    from trainer.parallel.booster import SinglePlugin
+    from trainer.runtime import DistributedEnv
+
+    class RewritingPlugin(SinglePlugin):  # as ColossalAI's gemini and hybrid_parallel plugins say of themselves
+        rewrites_modules = True
+
+    def is_lean(model: torch.nn.Module) -> bool:
+        return "forward" in model.model.layers[0].mlp.__dict__  # replaced on the instance
+
+    plugin = RewritingPlugin(DistributedEnv(0, 0, 1), torch.device("cpu"))
+    assert is_lean(load_causal_lm(ModelConfig(path=str(tiny_model))))
+    assert not is_lean(load_causal_lm(ModelConfig(path=str(tiny_model), lean_activations=False)))
+    assert not is_lean(load_causal_lm(ModelConfig(path=str(tiny_model)), plugin=plugin))
