@@ -14,21 +14,70 @@ Metrics: the objective's (`trainer.algorithms.ppo`/`grpo` list them) plus `grad_
 loop's names (`value_loss`, `critic/grad_norm`, ...). An optimizer step that `train_step` skipped
 for a non-finite loss or gradient norm is counted by the model's `NonFiniteGuard` (the one the
 supervised loop uses), which ends the run after `train.max_nonfinite_steps` in a row.
+
+Across data-parallel ranks every call must line up: under FSDP2 each forward all-gathers the
+layers' weights (a collective), and every optimizer step all-reduces. `compute_log_prob` and
+`compute_values` therefore run as many micro-batch forwards on every rank (a rank with fewer rows
+repeats its first micro-batch and drops the result, as the colocated evaluation does), and an
+update refuses, with an error, ranks whose batches differ in rows: the number of optimizer steps and
+micro-batches follows from the row count, so unequal batches would leave collectives unmatched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.update import NonFiniteGuard, Objective, train_step
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.config import OnlineStageConfig
+from trainer.errors import TrainingError
+from trainer.online.experience import Experience
 from trainer.online.loop import build_actor_objective, build_critic_objective, critic_metric_names, micro_batches
-from trainer.parallel.booster import Booster
+from trainer.parallel.booster import Booster, Plugin
+
+
+def _max_and_min_over_ranks(plugin: Plugin, value: int) -> tuple[int, int]:
+    """The largest and smallest `value` over the data-parallel ranks (one all-reduce)."""
+    if plugin.world_size == 1 or not dist.is_initialized():
+        return value, value
+    both = torch.tensor([value, -value], dtype=torch.long, device=plugin.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return int(both[0]), -int(both[1])
+
+
+def forward_chunks(plugin: Plugin, rows: int, micro_batch_size: int) -> int:
+    """Micro-batch forwards to run over `rows` rows: this rank's own count, or, when the plugin shards
+    parameters (every forward a collective), the most any rank needs."""
+    chunks = -(-rows // micro_batch_size)
+    return _max_and_min_over_ranks(plugin, chunks)[0] if plugin.shards_parameters else chunks
+
+
+def chunked_forward(plugin: Plugin, batch: Experience, micro_batch_size: int,
+                    forward: Callable[[Experience], Tensor]) -> Tensor:
+    """`forward` over `batch` in micro-batches on the plugin's device, concatenated on the batch's device;
+    as many forwards as every other rank runs (see the module docstring)."""
+    micros = batch.to(plugin.device).split(micro_batch_size)
+    parts = []
+    for index in range(forward_chunks(plugin, len(batch), micro_batch_size)):
+        output = forward(micros[min(index, len(micros) - 1)])  # past its own rows: a stand-in, dropped
+        if index < len(micros):
+            parts.append(output)
+    return torch.cat(parts).to(batch.input_ids.device)
+
+
+def check_equal_rows(plugin: Plugin, rows: int) -> None:
+    """TrainingError unless every rank's update batch has `rows` rows (its steps and micro-batches follow)."""
+    most, fewest = _max_and_min_over_ranks(plugin, rows)
+    if most != fewest:
+        raise TrainingError(f"rank {plugin.rank}: the update batches of the {plugin.world_size} ranks hold "
+                            f"{fewest} to {most} rows; every rank must train on as many rows (one optimizer step "
+                            "and micro-batch count for all)")
 
 
 def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -51,6 +100,7 @@ def update_in_minibatches(booster: Booster, model: nn.Module, optimizer: torch.o
         The mean of each metric over the optimizer steps, plus `num_optimizer_steps`.
     """
     options, device = config.algorithm, booster.plugin.device
+    check_equal_rows(booster.plugin, len(data))
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(options.num_update_epochs):
@@ -99,14 +149,13 @@ class DataParallelPPOActor:
     def compute_log_prob(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
         """(B, T) log-probs of the batch's tokens under this model, 0 outside the response."""
         batch = data.batch
-        size = micro_batch_size or len(batch)
         was_training = self.actor_module.training
         self.actor_module.eval()
-        parts = []
-        for micro in batch.to(self.booster.plugin.device).split(size):  # no autocast: as the explorer computes them
-            parts.append(response_logps(self.actor_module, micro.as_batch()) * micro.action_mask)
+        logps = chunked_forward(  # no autocast: as the explorer computes them
+            self.booster.plugin, batch, micro_batch_size or len(batch),
+            lambda micro: response_logps(self.actor_module, micro.as_batch()) * micro.action_mask)
         self.actor_module.train(was_training)
-        return torch.cat(parts).to(batch.input_ids.device)
+        return logps
 
     def update_policy(self, data: DataProto, generator: torch.Generator) -> dict[str, float]:
         """Train on the batch (which has `old_logps`, `advantages`, maybe `importance_weights`)."""
@@ -139,11 +188,8 @@ class DataParallelPPOCritic:
     def compute_values(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
         """(B, T) value of the state before each token, 0 outside the response."""
         batch = data.batch
-        size = micro_batch_size or len(batch)
-        parts = []
-        for micro in batch.to(self.booster.plugin.device).split(size):
-            parts.append(response_values(self.critic_module, micro.as_batch()) * micro.action_mask)
-        return torch.cat(parts).to(batch.input_ids.device)
+        return chunked_forward(self.booster.plugin, batch, micro_batch_size or len(batch),
+                               lambda micro: response_values(self.critic_module, micro.as_batch()) * micro.action_mask)
 
     def update_critic(self, data: DataProto, generator: torch.Generator) -> dict[str, float]:
         """Train the value model on the batch (which has `values` and `returns`)."""

@@ -58,12 +58,17 @@ class ActorRolloutRefWorker:
         self.synchronizer = synchronizer
 
     def init_model(self) -> None:
-        """Load and boost the actor (with optimizer and schedule) and load the frozen reference."""
+        """Load and boost the actor (with optimizer and schedule) and load the frozen reference.
+
+        Under FSDP2 both load straight into shards (built on the meta device, each rank reading only
+        its slices), as in the colocated loop; `Booster.boost` leaves the wrapped actor as it is.
+        """
         context = self.context
-        model = load_causal_lm(self.config.model)
+        plugin = context.plugin
+        model = load_causal_lm(self.config.model, plugin=plugin)
         parts = boost_model_parts(context.booster, model, self.config.optimizer, self.total_steps)
         self.actor = DataParallelPPOActor(context.booster, *parts, ptx_batches=load_ptx_batches(self.config, context))
-        reference = load_frozen(load_causal_lm, self.config.model, context.plugin.device)
+        reference = load_frozen(load_causal_lm, self.config.model, plugin.device, plugin=plugin)
         self.ref_policy = DataParallelPPOActor(context.booster, reference)  # no optimizer: a reference
         self.checkpoint_manager = FSDPCheckpointManager("actor", context.booster, parts, self.monitor,
                                                         self.weights_dir, self.synchronizer)
@@ -133,8 +138,13 @@ class CriticWorker:
         self.total_steps = total_steps
 
     def init_model(self) -> None:
-        """Load the critic and boost it on its own booster, with its optimizer at `ppo.critic_lr`."""
-        booster, parts = boost_critic(self.context, load_critic_model(self.config), self.config, self.total_steps)
+        """Load the critic and boost it on its own booster, with its optimizer at `ppo.critic_lr`.
+
+        The critic's booster is built on the run's plugin (`boost_critic`), so under FSDP2 the critic
+        loads straight into shards of that plugin.
+        """
+        model = load_critic_model(self.config, self.context.plugin)
+        booster, parts = boost_critic(self.context, model, self.config, self.total_steps)
         self.critic = DataParallelPPOCritic(booster, *parts, config=self.config)
         self.checkpoint_manager = FSDPCheckpointManager("critic", booster, parts, self.monitor)
 
