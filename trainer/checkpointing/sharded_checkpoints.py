@@ -142,14 +142,9 @@ class ShardedCheckpoints:
         from trainer.checkpointing.sharded import SUFFIX as SHARD_SUFFIX
         from trainer.checkpointing.sharded import StorageShardReader, read_shards
 
-        rank = self.booster.plugin.rank
         with tempfile.TemporaryDirectory(prefix="alignflow-resume-") as scratch:
             local = Path(scratch)
-            for file_name in (STATE_FILE, rng_state_file(rank), f"rng-rank{rank}.pt",
-                              *(f"{name}.scheduler.pt" for name in components)):
-                if self.storage.exists(join_uri(directory, file_name)):
-                    self.storage.download_file(join_uri(directory, file_name), local / file_name)
-            state = load_json((local / STATE_FILE).read_bytes(), join_uri(directory, STATE_FILE), CheckpointError)
+            state = self._fetch_small_files_agreed(directory, components, local)
             for name, (model, optimizer, scheduler) in components.items():
                 shards = join_uri(directory, f"{name}{SHARD_SUFFIX}")
                 if not self.storage.exists(join_uri(shards, SHARD_METADATA)):
@@ -161,4 +156,31 @@ class ShardedCheckpoints:
                     self.boosters.get(name, self.booster).load_lr_scheduler(scheduler, local / f"{name}.scheduler.pt")
             self._restore_rank_rng(local, directory)
         logger.info("resumed from %s (%s)", directory, ", ".join(f"{k} {v}" for k, v in state.items()))
+        return state
+
+    def _fetch_small_files_agreed(self, directory: str, components: dict[str, ModelParts], local: Path) -> dict:
+        """This rank's small files of `directory` into `local`, and its training state; every rank or none.
+
+        DCP's load is a collective: a rank that failed here (a download that ran out of retries, its own
+        RNG file unreadable) and left would keep the others waiting in it until the process group times
+        out. So the ranks agree first, and all raise the same kind of error, which the caller treats
+        as a damaged checkpoint (it tries the one before).
+        """
+        from trainer.runtime import all_reduce_sum
+
+        rank = self.booster.plugin.rank
+        state, error = None, None
+        try:
+            for file_name in (STATE_FILE, rng_state_file(rank), f"rng-rank{rank}.pt",
+                              *(f"{name}.scheduler.pt" for name in components)):
+                if self.storage.exists(join_uri(directory, file_name)):
+                    self.storage.download_file(join_uri(directory, file_name), local / file_name)
+            state = load_json((local / STATE_FILE).read_bytes(), join_uri(directory, STATE_FILE), CheckpointError)
+        except (CheckpointError, StorageError, OSError) as err:
+            error = err
+        failed = all_reduce_sum(torch.tensor([0.0 if error is None else 1.0], device=self.booster.plugin.device))
+        if error is not None:
+            raise CheckpointError(f"{directory}: rank {rank} could not fetch its files: {one_line(error)}") from error
+        if failed.item():
+            raise CheckpointError(f"{directory}: another rank could not fetch its files")
         return state

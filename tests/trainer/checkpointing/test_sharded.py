@@ -32,6 +32,7 @@ from trainer.runtime import DistributedEnv
 from trainer.supervised.stages import run_stage
 
 DRIVER = Path(__file__).with_name("sharded_driver.py")
+FETCH_DRIVER = Path(__file__).with_name("fetch_agreement_driver.py")
 REPOSITORY = Path(__file__).parents[3]
 
 
@@ -110,6 +111,24 @@ def test_fsdp2_checkpoint_is_written_in_shards_and_resumes_on_one_process(tmp_pa
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=1e-4, atol=1e-5, msg=key)
     assert not torch.allclose(resumed["model.embed_tokens.weight"], at_stop["model.embed_tokens.weight"])
+
+
+def test_a_rank_that_cannot_fetch_its_files_fails_every_rank_before_the_collective_load(tmp_path):
+    # In production one rank's download runs out of retries; here rank 1 is pointed at a checkpoint
+    # without its training state. Had rank 1 left alone, rank 0 would wait in DCP's load until the
+    # process group timed out (the subprocess timeout below would fail this test).
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    whole.mkdir()
+    broken.mkdir()
+    (whole / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(FETCH_DRIVER), str(whole), str(broken), str(tmp_path)]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "rank0.txt").read_text() == f"CheckpointError: {whole}: another rank could not fetch its files"
+    assert (tmp_path / "rank1.txt").read_text().startswith(
+        f"CheckpointError: {broken}: rank 1 could not fetch its files: ")
 
 
 def test_fsdp2_checkpoint_in_s3_resumes_with_each_rank_reading_only_its_shards(tmp_path, tiny_model, task_files,
