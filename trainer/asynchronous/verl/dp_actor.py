@@ -18,7 +18,7 @@ supervised loop uses), which ends the run after `train.max_nonfinite_steps` in a
 Across data-parallel ranks every call must line up: under FSDP2 each forward all-gathers the
 layers' weights (a collective), and every optimizer step all-reduces. `compute_log_prob` and
 `compute_values` therefore run as many micro-batch forwards on every rank (a rank with fewer rows
-repeats its first micro-batch and drops the result, as the colocated evaluation does), and an
+repeats its last micro-batch and drops the result, as the colocated evaluation does), and an
 update refuses, with an error, ranks whose batches differ in rows: the number of optimizer steps and
 micro-batches follows from the row count, so unequal batches would leave collectives unmatched.
 """
