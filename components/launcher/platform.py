@@ -20,11 +20,12 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | `ALIGNFLOW_SHM_SIZE` | size of each pod's in-memory /dev/shm |
 | `ALIGNFLOW_ACTIVE_DEADLINE_SECONDS` | the job's `runPolicy.activeDeadlineSeconds` (empty or 0: none) |
 | `ALIGNFLOW_PENDING_TIMEOUT_SECONDS` | how long a pod may stay stuck Pending before the task fails |
+| `ALIGNFLOW_POLL_SECONDS` | how often the launcher looks at a running job's pods, events and log (default 10) |
 | `ALIGNFLOW_S3_RETRY_SECONDS` | how long S3 calls ride out an outage; passed on to the job |
 | `ALIGNFLOW_ALLOWED_IMAGES` | comma-separated trainer images or registry/repository prefixes a job may run |
 | `ALIGNFLOW_ALLOWED_SECRETS` | comma-separated Secret names a job may read S3 credentials from |
 
-The scheduling variables (affinity to the pending limit) are checked in `scheduling.py`; a bad value
+The scheduling variables (affinity to the poll interval) are checked in `scheduling.py`; a bad value
 is an error naming the variable, which is also the ConfigMap key.
 
 Allow-lists (checked before any job is created, in both launcher modes):

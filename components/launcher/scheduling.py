@@ -32,6 +32,7 @@ PLATFORM_FIELDS = {
     "shm_size": ("ALIGNFLOW_SHM_SIZE", "quantity"),
     "active_deadline_seconds": ("ALIGNFLOW_ACTIVE_DEADLINE_SECONDS", "seconds"),
     "pending_timeout_seconds": ("ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "seconds"),
+    "poll_seconds": ("ALIGNFLOW_POLL_SECONDS", "seconds"),
 }
 # What a run may override through its `scheduling` parameter. Service account, priority class and Kueue queue
 # stay the platform's: they decide whose quota and which preemption rank a job gets, not how it runs.

@@ -93,7 +93,8 @@ def chart_values(endpoint: str, tracking_uri: str = "") -> dict:
     return {"s3": {"endpoint": endpoint, "credentialsSecret": S3_SECRET, "bucket": DATA_BUCKET},
             "pipelineRoot": PIPELINE_ROOT, "mlflow": {"trackingUri": tracking_uri},
             "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+            "scheduling": {"pollSeconds": 1}}  # the launcher looks every second: the emulated jobs are short
 
 
 def install_platform(cluster: Cluster, endpoint: str, *, values: dict | None = None, secret: bool = True,

@@ -98,7 +98,7 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
 def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(
         sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
     values = chart_values(object_store, tracking_server)
-    values["scheduling"] = {"pendingTimeoutSeconds": 4}  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
+    values["scheduling"]["pendingTimeoutSeconds"] = 4  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
     with deployment(tmp_path, packages, object_store, values=values) as platform:
         cluster = platform.cluster
         config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")

@@ -18,7 +18,7 @@ KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LA
         "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
         "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
         "ALIGNFLOW_MEMORY_REQUEST", "ALIGNFLOW_MEMORY_LIMIT", "ALIGNFLOW_SHM_SIZE", "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS",
-        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS"}
+        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_POLL_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS"}
 
 
 def config(values: dict) -> dict[str, str]:
@@ -58,6 +58,7 @@ def test_defaults():
         "ALIGNFLOW_SHM_SIZE": "2Gi",
         "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS": "0",
         "ALIGNFLOW_PENDING_TIMEOUT_SECONDS": "900",
+        "ALIGNFLOW_POLL_SECONDS": "10",
         "ALIGNFLOW_S3_RETRY_SECONDS": "300",
     }
 
@@ -109,7 +110,7 @@ def test_scheduling_values_become_the_keys_the_launcher_reads():
 
     data = config({"s3": {"retrySeconds": 60},
                    "scheduling": {"affinity": AFFINITY, "shmSize": "16Gi", "activeDeadlineSeconds": 172800,
-                                  "pendingTimeoutSeconds": 600,
+                                  "pendingTimeoutSeconds": 600, "pollSeconds": 2.5,
                                   "resources": {"requests": {"cpu": 8, "memory": "64Gi"},
                                                 "limits": {"cpu": "16", "memory": "96Gi"}}}})
     assert json.loads(data["ALIGNFLOW_AFFINITY"]) == AFFINITY
@@ -123,6 +124,7 @@ def test_scheduling_values_become_the_keys_the_launcher_reads():
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["affinity"] == AFFINITY and pod["containers"][0]["resources"]["limits"]["memory"] == "96Gi"
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 172800 and cluster.pending_timeout_seconds == 600
+    assert data["ALIGNFLOW_POLL_SECONDS"] == "2.5" and cluster.poll_seconds == 2.5
 
 
 def test_the_charts_default_scheduling_keys_leave_the_launchers_defaults():
@@ -137,7 +139,7 @@ def test_the_charts_default_scheduling_keys_leave_the_launchers_defaults():
 
 @pytest.mark.parametrize("scheduling", [
     {"shmSize": "2GB"}, {"resources": {"requests": {"cpu": "eight"}}}, {"activeDeadlineSeconds": -1},
-    {"affinity": {"nodeAfinity": {}}}, {"pendingTimeoutSeconds": 0},
+    {"affinity": {"nodeAfinity": {}}}, {"pendingTimeoutSeconds": 0}, {"pollSeconds": 0},
 ])
 def test_bad_scheduling_values_are_rejected_at_install(scheduling):
     import helm_python

@@ -39,7 +39,7 @@ def sft_config(output: str, tiny_model: Path, task_files: dict, **updates) -> di
                          "checkpoint": {"save_interval": 4, "keep_last": 0}, **updates})
 
 
-@pytest.mark.parametrize("seconds", [15, pytest.param(120, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seconds", [6, pytest.param(120, marks=pytest.mark.slow)])
 def test_outage_mid_run_leaves_a_complete_run_with_every_interval_checkpoint(seconds, proxy, bucket, tmp_path,
                                                                                tiny_model, task_files):
     output = f"s3://{bucket}/runs/sft"
