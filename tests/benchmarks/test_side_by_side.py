@@ -54,14 +54,16 @@ def run(tokens: float, seconds: float = 1.0, rss: float = 100.0) -> dict:
             "peak_rss_mb": rss, "loss": 1.0, "wall_seconds": 1.0, "steps": 1, "tokens": tokens}
 
 
-def test_summary_uses_medians_and_judges_the_targets():
-    results = {("alignflow", "sft_padded"): [run(150), run(1000), run(160)],  # median 160
-               ("trl", "sft_padded"): [run(100), run(90), run(110)],          # median 100
+def test_summary_uses_medians_of_each_repeats_ratio_and_judges_the_targets():
+    # Repeat by repeat the two systems ran back to back: ratios 1.5, 1.6 and 2.0, median 1.6. The machine
+    # slowed both in the second repeat; the ratio of the medians (150 / 100 = 1.5) would mix repeats.
+    results = {("alignflow", "sft_padded"): [run(150), run(80), run(200)],   # median 150
+               ("trl", "sft_padded"): [run(100), run(50), run(100)],         # median 100
                ("alignflow", "dpo_live"): [run(120, rss=70)], ("trl", "dpo_live"): [run(100, rss=100)],
                ("alignflow", "dpo_precomputed"): [run(190)], ("trl", "dpo_precomputed"): [run(150)]}
     rows = side_by_side.summarise(results, ["sft_padded", "dpo_live", "dpo_precomputed"])
-    assert rows[0]["tokens_ratio"] == pytest.approx(1.6)
-    checks = "\n".join(side_by_side.check_targets(rows))
+    assert rows[0]["alignflow"]["tokens_per_second"] == 150 and rows[0]["tokens_ratio"] == pytest.approx(1.6)
+    checks = "\n".join(side_by_side.check_targets(rows, results))
     assert "met    sft_padded real tokens/s vs TRL: 1.60" in checks
     assert "MISSED dpo_live real tokens/s vs TRL: 1.20" in checks
     # Precomputed alignflow DPO is judged against TRL's live-reference DPO: 190 / 100.
