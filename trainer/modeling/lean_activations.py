@@ -4,8 +4,9 @@ Autograd keeps every intermediate of Hugging Face's MLP, `down(silu(gate(x)) * u
 silu(gate) and their product, four tensors of the MLP's width per token and layer. The MLP here keeps
 gate and up only and recomputes the two elementwise products in backward. RMSNorm keeps its input
 and one scalar per token instead of its fp32 input copy and the normalised tensor. In this repository's
-benchmark model that is about a third of the saved activations of a step; in a 7B model under bf16
-autocast, about half (the fp32 copies of RMSNorm are the larger part there).
+benchmark model that is about a third of the saved activations of a step (measured,
+benchmarks/README.md). Under bf16 autocast the share should be larger, since RMSNorm's fp32 copies
+are twice the size of the bf16 activations around them; that has not been measured on a GPU.
 
 The forward computes exactly what Hugging Face's does, op for op, so a forward (sampling, reference
 log-probs, evaluation) is bitwise the same. Backward differs only by rounding, in the order of 1e-8
