@@ -74,6 +74,8 @@ class RunContext:
     """Complete checkpoints of this run to resume from, newest first (see `trainer.lifecycle.resume`)."""
     manifest: dict[str, Any] = field(default_factory=dict)
     """The newest checkpoint's manifest (its MLflow run id is continued)."""
+    fingerprint: dict[str, Any] | None = None
+    """This run's fingerprint if vetting `output_dir` computed it (`trainer.lifecycle.resume.run_fingerprint`)."""
     lease: Lease | None = None
 
     @property
@@ -128,14 +130,15 @@ def build_context(config: StageConfig) -> RunContext:
     configure_threads(config.train.num_threads)
     plugin = make_plugin(config.parallel, env, device, max_grad_norm=config.optimizer.max_grad_norm)
     booster = build_booster(plugin, config.train.mixed_precision)
-    resume_from, manifest = run_on_main(env, lambda: _vet(config, booster))
+    resume_from, manifest, fingerprint = run_on_main(env, lambda: _vet(config, booster))
     context = RunContext(config, env, plugin, booster, load_tokenizer(config.model.path), NullTracker(),
-                         local_work_dir(config.output_dir), resume_from=resume_from, manifest=manifest)
+                         local_work_dir(config.output_dir), resume_from=resume_from, manifest=manifest,
+                         fingerprint=fingerprint)
     preemption.install(config.checkpoint.preemption_grace_seconds)
     return context
 
 
-def _vet(config: StageConfig, booster: Booster) -> tuple[list[str], dict[str, Any]]:
+def _vet(config: StageConfig, booster: Booster) -> tuple[list[str], dict[str, Any], dict[str, Any] | None]:
     """Fail at once if a live run holds `output_dir`; else what `trainer.lifecycle.resume.vet_output_dir` decides."""
     output_uri = config.output_dir.rstrip("/")
     Lease(output_uri, config.checkpoint.lease_timeout_seconds).check_free()
@@ -221,7 +224,8 @@ def _stamp(context: RunContext, checkpoints: CheckpointManager) -> None:
     history up to its step, and (remote output) publishing the run's files once it is complete."""
     if not context.env.is_main_process:
         return  # only rank 0 writes a manifest: the other ranks need not hash the data files
-    checkpoints.metadata = {"fingerprint": run_fingerprint(context.config, stage_name(context.config)),
+    fingerprint = context.fingerprint or run_fingerprint(context.config, stage_name(context.config))  # vetting's
+    checkpoints.metadata = {"fingerprint": fingerprint,
                             "world_size": context.plugin.world_size,
                             "mlflow_run_id": mlflow_run_id(context.tracker)}
     metrics = context.output_dir / METRICS_FILE

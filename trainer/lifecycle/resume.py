@@ -128,12 +128,13 @@ def existing_outputs(output_uri: str) -> list[str]:
 
 
 def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManager,
-                   world_size: int) -> tuple[list[str], dict[str, Any]]:
+                   world_size: int) -> tuple[list[str], dict[str, Any], dict[str, Any] | None]:
     """Decide what this run does with what `output_dir` holds.
 
     Returns:
-        The complete checkpoints to resume from, newest first ([] to start fresh), and the manifest
-        of the newest ({} when none).
+        The complete checkpoints to resume from, newest first ([] to start fresh), the manifest of
+        the newest ({} when none), and this run's fingerprint when vetting computed it (None when
+        there was no checkpoint to vet), so that the run's new manifests need not hash the data again.
 
     Raises:
         RunFinished: The directory holds a finished run and `checkpoint.resume` is on.
@@ -148,20 +149,20 @@ def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManag
             raise ConfigError(f"{output_uri} already holds a run ({', '.join(found)}) and checkpoint.resume is "
                               "false: set checkpoint.resume: true to continue it, or checkpoint.overwrite: true to "
                               "delete it and start over")
-        return [], {}
+        return [], {}, None
     if FINAL_METRICS_FILE in found:
         raise RunFinished(f"{output_uri} already holds a finished {stage} run (its model is in "
                           f"{join_uri(output_uri, 'model')}); nothing to do. Use another output_dir to train again")
     if "checkpoints" not in found:
-        return [], {}
+        return [], {}, None
     candidates = checkpoints.complete_checkpoints()
     if not candidates:
-        return [], {}
+        return [], {}, None
     manifest = checkpoints.read_json(candidates[0], MANIFEST_FILE)
-    check_belongs(candidates[0], manifest, checkpoints.read_json(candidates[0], STATE_FILE),
-                  run_fingerprint(config, stage), world_size,
+    fingerprint = run_fingerprint(config, stage)  # hashes every data file: computed once per run
+    check_belongs(candidates[0], manifest, checkpoints.read_json(candidates[0], STATE_FILE), fingerprint, world_size,
                   group_by_length=getattr(config.train, "group_by_length", False))  # online stages have none
-    return candidates, manifest
+    return candidates, manifest, fingerprint
 
 
 def check_belongs(directory: str, manifest: dict[str, Any], state: dict[str, Any], fingerprint: dict[str, Any],

@@ -55,6 +55,27 @@ def test_same_bytes_rewritten_at_the_same_path_resume(tmp_path, tiny_model, task
     assert (output / "model" / "model.safetensors").is_file()
 
 
+def test_a_resumed_run_hashes_its_data_once_and_its_new_checkpoints_carry_the_content(tmp_path, tiny_model, task_files,
+                                                                                      monkeypatch):
+    import trainer.lifecycle.resume as resume
+
+    data, output = checkpointed_run(tmp_path, tiny_model, task_files)
+    hashed = []
+
+    def counting(path: str) -> dict:  # the real hash, counted
+        hashed.append(path)
+        return content_identity(path)
+
+    monkeypatch.setattr(resume, "content_identity", counting)
+    run_stage(make_config("sft", output, tiny_model, data, train={"max_epochs": 1, "micro_batch_size": 8},
+                          checkpoint={"save_interval": 2, "keep_last": 0}))
+    assert hashed == [str(data)]  # vetting the checkpoint hashed it; the new manifests reuse that
+    newest = sorted((output / "checkpoints").glob("step-*"))[-1]
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert newest.name > "step-00000002"
+    assert manifest["fingerprint"]["data.train_path" + CONTENT_SUFFIX] == content_identity(str(data))
+
+
 def test_checkpoint_without_a_content_entry_is_compared_by_path_as_before(tmp_path, tiny_model, task_files):
     data, output = checkpointed_run(tmp_path, tiny_model, task_files)
     manifest_path = output / "checkpoints" / "step-00000002" / "manifest.json"
