@@ -146,6 +146,11 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def any_rank_failed(failed: bool, device: torch.device) -> bool:
+    """Whether this or any other rank failed (a collective: every rank must call it, failed or not)."""
+    return bool(all_reduce_sum(torch.tensor([1.0 if failed else 0.0], device=device)).item())
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

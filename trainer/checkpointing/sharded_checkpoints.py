@@ -166,7 +166,7 @@ class ShardedCheckpoints:
         out. So the ranks agree first, and all raise the same kind of error, which the caller treats
         as a damaged checkpoint (it tries the one before).
         """
-        from trainer.runtime import all_reduce_sum
+        from trainer.runtime import any_rank_failed
 
         rank = self.booster.plugin.rank
         state, error = None, None
@@ -178,9 +178,9 @@ class ShardedCheckpoints:
             state = load_json((local / STATE_FILE).read_bytes(), join_uri(directory, STATE_FILE), CheckpointError)
         except (CheckpointError, StorageError, OSError) as err:
             error = err
-        failed = all_reduce_sum(torch.tensor([0.0 if error is None else 1.0], device=self.booster.plugin.device))
+        another_failed = any_rank_failed(error is not None, self.booster.plugin.device)
         if error is not None:
             raise CheckpointError(f"{directory}: rank {rank} could not fetch its files: {one_line(error)}") from error
-        if failed.item():
+        if another_failed:
             raise CheckpointError(f"{directory}: another rank could not fetch its files")
         return state

@@ -39,7 +39,7 @@ from trainer.modeling.models import export_model, load_tokenizer
 from trainer.parallel.booster import Booster, Plugin, build_booster, make_plugin, unwrap_model
 from trainer.runtime import (
     DistributedEnv,
-    all_reduce_sum,
+    any_rank_failed,
     configure_threads,
     init_process_group,
     pick_device,
@@ -213,8 +213,7 @@ def _load_agreed(checkpoints: CheckpointManager, directory: str,
         if mismatch:
             raise CheckpointError(f"{directory} does not fit the model being trained: {mismatch}") from err
         error = one_line(err)
-    failed = all_reduce_sum(torch.tensor([0.0 if error is None else 1.0], device=checkpoints.booster.plugin.device))
-    if failed.item() and error is None:
+    if any_rank_failed(error is not None, checkpoints.booster.plugin.device) and error is None:
         error = "another rank could not load it"
     return (state, None) if error is None else (None, error)
 
