@@ -46,14 +46,13 @@ user-info and no such Secret is an error (naming the variables, never the creden
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.launcher.scheduling import scheduling_from_environment
+from components.launcher.scheduling import check_value, scheduling_from_environment
 from trainer.errors import LaunchError
 
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
@@ -122,18 +121,11 @@ def _check_retry_seconds(text: str) -> None:
 
 
 def _json_value(environ: Mapping[str, str], name: str, kind: type) -> dict | list:
+    """A node selector (dict) or tolerations (list) from its ConfigMap key; unset or "null" is empty."""
     text = environ.get(name, "").strip()
     if text in ("", "null"):
         return kind()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise LaunchError(f"{name} is not valid JSON ({err.msg} at character {err.pos}); "
-                          f"expected a JSON {'object' if kind is dict else 'list'}") from err
-    if not isinstance(value, kind) or (kind is list and not all(isinstance(item, dict) for item in value)):
-        expected = "a JSON object" if kind is dict else "a JSON list of objects"
-        raise LaunchError(f"{name} is {type(value).__name__} {text[:80]!r}, expected {expected}")
-    return value
+    return check_value(text, "object" if kind is dict else "list", f"{name} (ConfigMap key)")
 
 
 def _allow_list(environ: Mapping[str, str], name: str, fallback: str) -> list[str] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,13 +71,13 @@ def test_the_published_default_image_yields_to_the_platforms_image():
 
 
 @pytest.mark.parametrize(("name", "value", "expected"), [
-    ("ALIGNFLOW_NODE_SELECTOR", "{gpu: true}", "ALIGNFLOW_NODE_SELECTOR is not valid JSON"),
-    ("ALIGNFLOW_NODE_SELECTOR", '["a"]', "ALIGNFLOW_NODE_SELECTOR is list"),
-    ("ALIGNFLOW_TOLERATIONS", '{"key": "x"}', "ALIGNFLOW_TOLERATIONS is dict"),
-    ("ALIGNFLOW_TOLERATIONS", "[{'key': 'x'}]", "ALIGNFLOW_TOLERATIONS is not valid JSON"),
+    ("ALIGNFLOW_NODE_SELECTOR", "{gpu: true}", "ALIGNFLOW_NODE_SELECTOR (ConfigMap key) is not valid JSON"),
+    ("ALIGNFLOW_NODE_SELECTOR", '["a"]', "ALIGNFLOW_NODE_SELECTOR (ConfigMap key) is ['a'], expected a JSON object"),
+    ("ALIGNFLOW_TOLERATIONS", '{"key": "x"}', "ALIGNFLOW_TOLERATIONS (ConfigMap key) is {'key': 'x'}, expected a JSON list of objects"),
+    ("ALIGNFLOW_TOLERATIONS", "[{'key': 'x'}]", "ALIGNFLOW_TOLERATIONS (ConfigMap key) is not valid JSON"),
 ])
 def test_bad_json_in_the_environment_is_one_clear_error_naming_the_variable(name, value, expected):
-    with pytest.raises(LaunchError, match=expected):
+    with pytest.raises(LaunchError, match=re.escape(expected)):
         cluster_options(params(), {**PLATFORM, name: value})
 
 
