@@ -122,7 +122,9 @@ class ApiServer:
         self.server.daemon_threads = True
         self.server.socket = ssl_context.wrap_socket(self.server.socket, server_side=True,
                                                      do_handshake_on_connect=False)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="apiserver")
+        # stop() waits for serve_forever's next poll: 0.05 s apart instead of the default 0.5 s per cluster torn down.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                                       name="apiserver")
 
     @property
     def port(self) -> int:

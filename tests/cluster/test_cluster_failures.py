@@ -27,7 +27,10 @@ from tests.cluster.conftest import NAMESPACE, S3_SECRET, chart_values, deploymen
 from tests.cluster.kfp_runner import ExecutionCache
 from tests.cluster.training_operator import free_port
 
-SKIP = {"evaluate-model"}
+# Not run here: evaluation (generation on the tiny model says nothing about these failures) and the exit handler
+# (covered by test_pipeline_run.py; it would delete the run's jobs itself, so skipping it also makes a job seen
+# deleted here one that the failing stage deleted).
+SKIP = {"evaluate-model", "finish-run"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_missing_secret_or_config_map_fails_before_any_job(missing, sandbox, obj
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server,
                     **{missing: False}) as platform:
         package = platform.package("rlhf-dpo")
-        results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, pending_limit=3).run()
+        results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, pending_limit=1).run()
         failed = first_failure(results)
         config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")["metadata"]["name"]
         expected = f'secret "{S3_SECRET}" not found' if missing == "secret" else f'configmap "{config_map}" not found'
@@ -98,11 +101,11 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
 def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(
         sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
     values = chart_values(object_store, tracking_server)
-    values["scheduling"]["pendingTimeoutSeconds"] = 4  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
+    values["scheduling"]["pendingTimeoutSeconds"] = 2  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
     with deployment(tmp_path, packages, object_store, values=values) as platform:
         cluster = platform.cluster
         config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")
-        assert config_map["data"]["ALIGNFLOW_PENDING_TIMEOUT_SECONDS"] == "4"
+        assert config_map["data"]["ALIGNFLOW_PENDING_TIMEOUT_SECONDS"] == "2"
         package = platform.package("rlhf-dpo")
         # Two GPUs per node: the GPU node has one, so the SFT pod stays Pending.
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP,
@@ -113,7 +116,7 @@ def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending
         sft = results["train-sft"]
         assert sft.state == "FAILED"
         assert time.monotonic() - created < 60, "the task outlived the ConfigMap's pending limit by far"
-        assert "(pending limit 4 s)" in sft.log and "Insufficient nvidia.com/gpu" in sft.log
+        assert "(pending limit 2 s)" in sft.log and "Insufficient nvidia.com/gpu" in sft.log
         assert results["train-dpo"].state != "SUCCEEDED"
         cluster.wait_for(lambda: cluster.jobs() == [], 30, "the stuck job is deleted")
 
@@ -195,12 +198,12 @@ def test_unreachable_s3_endpoint_is_named(sandbox, object_store, tracking_server
     unreachable = f"http://127.0.0.1:{free_port()}"
     values = chart_values(unreachable, tracking_server)
     # An outage is retried for s3.retrySeconds (ALIGNFLOW_S3_RETRY_SECONDS in the ConfigMap); 300 s by default.
-    values["s3"]["retrySeconds"] = 4
+    values["s3"]["retrySeconds"] = 1
     with deployment(tmp_path, packages, object_store, values=values) as platform:
         package = platform.package("rlhf-dpo")
         started = time.monotonic()
         results = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, task_timeout=120).run()
         failed = first_failure(results)
-        assert unreachable in failed.log and "ALIGNFLOW_S3_RETRY_SECONDS is 4" in failed.log
+        assert unreachable in failed.log and "ALIGNFLOW_S3_RETRY_SECONDS is 1" in failed.log
         assert time.monotonic() - started < 90, "the outage was retried past the ConfigMap's budget"
         assert created_jobs(platform.cluster) == []

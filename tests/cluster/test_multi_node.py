@@ -11,7 +11,7 @@ Once a checkpoint is complete, worker-1's container is SIGKILLed (a node loss, a
 kubelet restarts it in the same pod (`restartPolicy: OnFailure`, after a 1 s back-off), its agent
 rejoins the rendezvous, worker-0's agent restarts its own worker in the new round (within
 `maxRestarts`), both resume from the newest checkpoint, and the job Succeeds within its
-`backoffLimit`. About 70 s on 2 cores.
+`backoffLimit`. About 25 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -26,9 +26,13 @@ from tests.cluster.conftest import DATA_BUCKET, IMAGE_USERS, NAMESPACE, S3_SECRE
 from tests.cluster.kfp_runner import ObjectStore
 from tests.integration.services import S3_ENV
 
-MAX_STEPS = 40  # about 0.1 s a step or more here: the kill lands seconds before the end
-SAVE_INTERVAL = 5
+MAX_STEPS = 120  # about 0.03 s a step here (one thread per rank): the kill lands seconds before the end
+SAVE_INTERVAL = 10
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss")
+# torchrun's c10d rendezvous (read from PET_RDZV_CONF, as a job's env sets it): the killed agent's place in the
+# rendezvous is freed once it has missed keep_alive_max_attempt heartbeats, keep_alive_interval apart (5 s x 3 by
+# default, all of which the rejoin would wait); here 1 s x 3.
+RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def sft_config(inputs: dict[str, str], job_root: str, model_uri: str) -> dict:
@@ -36,7 +40,10 @@ def sft_config(inputs: dict[str, str], job_root: str, model_uri: str) -> dict:
     return {"model": {"path": inputs["base_model_uri"]},
             "data": {"train_path": inputs["sft_train_uri"], "eval_path": None, "max_length": 32},
             "optimizer": {"lr": 2e-3, "warmup_steps": 2},
-            "train": {"max_epochs": 10, "max_steps": MAX_STEPS, "micro_batch_size": 4, "log_interval": 1},
+            # One torch thread per rank: both "nodes" share this machine's CPUs, where each would have its own; two
+            # threads per rank on 2 cores oversubscribe them and make each step 20-30 times slower.
+            "train": {"max_epochs": 20, "max_steps": MAX_STEPS, "micro_batch_size": 4, "log_interval": 1,
+                      "num_threads": 1},
             "checkpoint": {"save_interval": SAVE_INTERVAL, "keep_last": 0},
             "tracking": {"backend": "none"},
             "output_dir": job_root, "export_dir": model_uri}
@@ -65,7 +72,7 @@ def test_two_node_elastic_job_survives_a_killed_worker(sandbox, object_store, ti
     options = ClusterOptions(mode="kubernetes", image="ghcr.io/alignflow/trainer:test", namespace=NAMESPACE,
                              num_nodes=2, nproc_per_node=1, s3_secret=S3_SECRET, poll_seconds=1.0,
                              env={"AWS_ENDPOINT_URL": object_store, "AWS_DEFAULT_REGION": "us-east-1",
-                                  "OMP_NUM_THREADS": "1"})
+                                  "OMP_NUM_THREADS": "1", "PET_RDZV_CONF": RDZV_CONF})
     manifest = stage_manifest("sft", config_uri, run_id, "sft", options, config=config)
     name = manifest["metadata"]["name"]
     assert set(manifest["spec"]["pytorchReplicaSpecs"]) == {"Worker"} and manifest["spec"]["elasticPolicy"]
