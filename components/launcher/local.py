@@ -7,7 +7,10 @@ runs here. `restartPolicy` and `runPolicy.backoffLimit` are honoured by restarti
 images, GPU requests, node selectors, security contexts and volumes have no meaning locally and are
 ignored (said once). An elastic job (Worker replicas with an elasticPolicy) runs with the same static
 rendezvous on 127.0.0.1. Environment values read from Secrets (secretKeyRef) are taken from this
-process's environment.
+process's environment. Each replica is pinned to its own share of this machine's CPUs, as each pod of
+a cluster has its own node: the trainer sizes its thread pool from its affinity, and replicas that
+each took every core would contend for them (a 2-replica SFT job of 60 steps on 2 cores: 16-17 s
+pinned, 22-23 s not).
 """
 
 from __future__ import annotations
@@ -75,6 +78,21 @@ def _environment(container: dict, rank: int, num_nodes: int, nproc: str, port: i
     return env
 
 
+def _cpu_shares(count: int) -> list[set[int] | None]:
+    """A disjoint set of this process's CPUs for each of `count` replicas; None (no pinning) for all when
+    there are fewer CPUs than replicas."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if count < 2 or len(cpus) < count:
+        return [None] * count
+    size, extra = divmod(len(cpus), count)
+    shares, start = [], 0
+    for index in range(count):
+        end = start + size + (index < extra)
+        shares.append(set(cpus[start:end]))
+        start = end
+    return shares
+
+
 def _command(container: dict) -> list[str]:
     command = list(container["command"]) + list(container.get("args", []))
     # The same programs, without relying on PATH: this interpreter runs them.
@@ -89,11 +107,15 @@ class _Replica:
     """One running replica: its process, and a thread copying its output to the log and a tail."""
 
     def __init__(self, label: str, command: list[str], env: dict[str, str], cwd: str | None,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], cpus: set[int] | None = None) -> None:
         self.label = label
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)
+        if cpus is not None:
+            # Set from here rather than in a preexec_fn (unsafe with this process's log threads). torchrun forks
+            # its workers only after importing torch, seconds later, so they inherit it.
+            os.sched_setaffinity(self.process.pid, cpus)
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
         self.reader.start()
 
@@ -141,8 +163,8 @@ def _attempt(name: str, pods: list, nproc: str, deadline: float, log: Callable[[
     """Run every replica once; None on success, else a failure message with the master's log tail."""
     port = _free_port()
     replicas = [_Replica(f"{kind.lower()}-{rank}", _command(container),
-                         _environment(container, rank, len(pods), str(nproc), port), cwd, log)
-                for kind, rank, container in pods]
+                         _environment(container, rank, len(pods), str(nproc), port), cwd, log, cpus)
+                for (kind, rank, container), cpus in zip(pods, _cpu_shares(len(pods)))]
     try:
         while True:
             codes = [r.process.poll() for r in replicas]

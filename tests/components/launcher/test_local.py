@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 import yaml
 
 from components.launcher import JobSpec, build_pytorchjob
-from components.launcher.local import run_local
+from components.launcher.local import _cpu_shares, run_local
 from tests.conftest import stage_dict
 from trainer.errors import LaunchError
 
@@ -35,8 +36,21 @@ def test_two_replica_job_trains_across_both(tmp_path, tiny_model, task_files):
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"] and "elasticPolicy" in job["spec"]
     assert any(line.startswith("[worker-0]") for line in lines)
     assert any(line.startswith("[worker-1]") for line in lines)
+    # Each replica was pinned to its own half of this machine's CPUs, and the trainer sized its threads to it.
+    cpus = len(os.sched_getaffinity(0))
+    share = cpus // 2 if cpus >= 2 else cpus
+    (threads,) = [line for line in lines if line.startswith("[worker-0]") and "torch intra-op threads" in line]
+    assert f"threads: {share} ({share} CPUs available" in threads
     params = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert params["parallel"]["plugin"] == "ddp"
+
+
+def test_cpu_shares_split_this_processs_cpus_between_the_replicas(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 6})
+    assert _cpu_shares(2) == [{0, 1, 2}, {3, 6}]
+    assert _cpu_shares(5) == [{0}, {1}, {2}, {3}, {6}]
+    assert _cpu_shares(6) == [None] * 6  # fewer CPUs than replicas: no pinning
+    assert _cpu_shares(1) == [None]  # one replica keeps every CPU
 
 
 def test_failing_job_fails_the_task_with_its_log_tail_after_its_retries(tmp_path, tiny_model):
