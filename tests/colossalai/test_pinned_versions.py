@@ -26,10 +26,16 @@ def test_packing_would_mix_samples_under_these_pins(tiny_model, task_files):
     from trainer.tiny.model import build_tiny_llama
 
     tokenizer = load_tokenizer(str(tiny_model))
-    examples = load_sft_dataset(str(task_files["sft_train"]), tokenizer, 32, False).examples[:7]
+    by_length = sorted(load_sft_dataset(str(task_files["sft_train"]), tokenizer, 32, False).examples,
+                       key=lambda example: len(example["input_ids"]))
+    first, second = by_length[0], by_length[1]
+    longest = {key: first[key] + second[key] for key in ("input_ids", "labels")}  # as wide as the other two
+    examples = [longest, first, second]  # packing puts first and second into one row
+    batch = pack_sft(examples)
+    assert batch["input_ids"].shape[0] < len(examples)  # some row holds two samples
     torch.manual_seed(0)
     model = build_tiny_llama(len(tokenizer), pad_token_id=tokenizer.pad_token_id).eval()
-    packed = SFTObjective()(model, pack_sft(examples)).total
+    packed = SFTObjective()(model, batch).total
     padded = SFTObjective()(model, pad_sft(examples, tokenizer.pad_token_id)).total
 
     assert not torch.allclose(packed, padded, rtol=1e-5, atol=1e-5)
