@@ -8,7 +8,6 @@ compiled (what `alignflow compile` and the chart's upload job produce) and run.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -31,7 +30,6 @@ NAMESPACE = "kubeflow-user-example-com"  # a Kubeflow profile namespace
 RUNNER = "default-editor"  # the service account KFP runs a profile's pipeline pods as
 S3_SECRET = "alignflow-s3"
 RELEASE = "af"  # not the name docs/install.md uses: nothing may depend on the release being called alignflow
-HERE = Path(__file__).parent
 CHART = Path(__file__).parents[2] / "helm" / "alignflow"
 PIPELINE_BUCKET = "mlpipeline"  # a stock Kubeflow install's MinIO bucket
 PIPELINE_ROOT = f"minio://{PIPELINE_BUCKET}/v2/artifacts"
@@ -68,49 +66,17 @@ def object_store(tmp_path_factory) -> str:
     stop(process)
 
 
-def needs_tracking_server(item: pytest.Item) -> bool:
-    return HERE in Path(item.path).parents and "tracking_server" in item.fixturenames
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """This folder's tests that need no MLflow server run first (in their order), while it boots (`booting_mlflow`);
-    tests elsewhere keep their places."""
-    places = [index for index, item in enumerate(items) if HERE in Path(item.path).parents]
-    for index, item in zip(places, sorted((items[i] for i in places), key=needs_tracking_server)):
-        items[index] = item
-
-
-@pytest.fixture(scope="session", autouse=True)
-def booting_mlflow(request, tmp_path_factory):
-    """The platform's MLflow server, started at this folder's first test when a later one needs it: it takes
-    15-25 s to come up on 2 cores, time the tests that run first (those that need no tracking) leave it."""
-    try:
-        check_available()
-    except SandboxUnavailable:  # every test here skips (the `sandbox` fixture says why)
-        yield None
-        return
-    if not any(needs_tracking_server(item) for item in request.session.items):
-        yield None
-        return
+@pytest.fixture(scope="session")
+def tracking_server(object_store, tmp_path_factory) -> str:
+    """A real MLflow server (the platform's tracking service), its artifacts proxied to the S3 store."""
     import boto3
 
-    object_store = request.getfixturevalue("object_store")
     boto3.client("s3", endpoint_url=object_store, region_name="us-east-1", aws_access_key_id="test",
                  aws_secret_access_key="test").create_bucket(Bucket="mlflow")
     env = {**S3_ENV, "MLFLOW_S3_ENDPOINT_URL": object_store, "AWS_ENDPOINT_URL": object_store}
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlflow-boot") as pool:
-        started = pool.submit(start_mlflow, tmp_path_factory.mktemp("mlflow"), "s3://mlflow/artifacts", env)
-        yield started
-        if started.exception() is None:
-            stop(started.result()[0])
-
-
-@pytest.fixture(scope="session")
-def tracking_server(booting_mlflow) -> str:
-    """A real MLflow server (the platform's tracking service), its artifacts proxied to the S3 store."""
-    if booting_mlflow is None:
-        pytest.skip("pods cannot be sandboxed here")
-    return booting_mlflow.result()[1]
+    process, uri = start_mlflow(tmp_path_factory.mktemp("mlflow"), "s3://mlflow/artifacts", env)
+    yield uri
+    stop(process)
 
 
 def render_chart(values: dict) -> list[dict]:
