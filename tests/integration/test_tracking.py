@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import stage_dict
-from tests.integration.services import start_mlflow, stop
+from tests.integration.fault_proxy import FaultProxy
 from trainer.config import build_config
 from trainer.supervised.stages import run_stage
 
@@ -78,31 +78,35 @@ def run_trainer(config: dict, tmp_path: Path, env: dict[str, str]) -> subprocess
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_run_completes_when_the_tracking_server_stops(tmp_path, tiny_model, task_files):
+def test_run_completes_when_the_tracking_server_stops(mlflow_server, tmp_path, tiny_model, task_files):
     from mlflow import MlflowClient
 
-    server, uri = start_mlflow(tmp_path, str(tmp_path / "artifacts"), {})
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_TIMEOUT": "2", "OMP_NUM_THREADS": "1"}
-    config = tracked_sft(tmp_path, tiny_model, task_files)
+    # The trainer reaches the session's server through a proxy, which then cuts it off as a server that stops
+    # would: open connections closed, new ones refused.
+    proxy = FaultProxy(int(mlflow_server.rsplit(":", 1)[1]))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": proxy.endpoint, "MLFLOW_HTTP_REQUEST_TIMEOUT": "2",
+           "OMP_NUM_THREADS": "1"}
+    config = tracked_sft(tmp_path, tiny_model, task_files, experiment_name="server-stops")
     config["train"] = {"max_epochs": 30, "micro_batch_size": 4, "log_interval": 1}  # 600 steps
     trainer = run_trainer(config, tmp_path, env)
     try:
-        client = MlflowClient(uri)
+        client = MlflowClient(mlflow_server)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # wait for the first metric to reach the server
-            experiment = client.get_experiment_by_name("tests")
+            experiment = client.get_experiment_by_name("server-stops")
             runs = client.search_runs([experiment.experiment_id]) if experiment else []
             if runs and runs[0].data.metrics:
                 break
             time.sleep(0.5)
         else:
             pytest.fail("no metric reached the tracking server")
+        proxy.cut()  # the server goes away mid-run
+        _, stderr = trainer.communicate(timeout=300)
     finally:
-        stop(server)  # the server goes away mid-run
-    _, stderr = trainer.communicate(timeout=300)
+        proxy.close()
 
     assert trainer.returncode == 0, stderr[-3000:]
-    assert "MLflow unreachable" in stderr
+    assert proxy.refused > 0 and "MLflow unreachable" in stderr
     assert (tmp_path / "run" / "model" / "config.json").is_file()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) > 100  # nothing lost locally
 
