@@ -1,9 +1,9 @@
 """The pipelines compile to packages KFP loads back, and run end to end with kfp.local on the tiny task.
 
 On the `tiny` preset every pipeline's candidate beats its SFT baseline on the held-out prompts, so
-the registration gate opens (rlhf-dpo and rlhf-grpo here; rlhf-ppo, about a minute, is marked slow
-and runs in `make demo`); `tiny-reward-hacking` shows PPO over-optimising its reward model and the
-gate staying closed (slow).
+the registration gate opens (rlhf-dpo here; rlhf-grpo and rlhf-ppo, a minute or more each, are
+marked slow and run in `make demo`); `tiny-reward-hacking` shows PPO over-optimising its reward
+model and the gate staying closed (slow).
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tm
         assert str(client.get_model_version_by_alias("alignflow-dpo", "champion").version) == ("2" if beats else "1")
 
 
-@pytest.mark.parametrize("name", ["rlhf-grpo", pytest.param("rlhf-ppo", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 60-70 s each on 2 cores
+@pytest.mark.parametrize("name", ["rlhf-grpo", "rlhf-ppo"])
 def test_online_pipeline_runs_end_to_end(name, tmp_path):
     run_dir = run_locally(name, tmp_path, {}, preset="tiny")
     summary = task_outputs(run_dir, started=0.0)
