@@ -43,6 +43,7 @@ from trainer.lifecycle.lease import Lease, describe
 logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+FAILED_EXPLORER_EXIT_SECONDS = 10.0  # an explorer that marked the buffer FAILED gets this long to exit on its own
 
 
 def run_trainer(config: OnlineStageConfig) -> str:
@@ -167,8 +168,17 @@ class ExplorerProcess:
             raise LaunchError(f"the explorer {describe_exit(code)}: {' '.join(self.command)}")
 
     def stop(self) -> None:
-        """Kill the explorer if it still runs (it keeps no state: batches are written whole)."""
+        """Kill the explorer if it still runs (it keeps no state: batches are written whole).
+
+        An explorer that marked the buffer FAILED is already on its way out and prints its own error line
+        last (the cause, which the trainer's ExplorerError only quotes); it gets a few seconds to do so.
+        """
         self._stopping.set()
+        if self.process.poll() is None and self.buffer.failure() is not None:
+            try:
+                self.process.wait(timeout=FAILED_EXPLORER_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
