@@ -164,6 +164,9 @@ def test_rendered_mlflow_server_runs_on_postgres_with_artifacts_in_s3(postgres, 
         password = database_uri.split(":")[2].split("@")[0]
         processes = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
         assert not [p.pid for p in processes if password in " ".join(p.cmdline())]
+        # the server and its uvicorn worker, without MLflow's job runner and its consumers (the chart turns them off)
+        assert [p for p in processes if "uvicorn" in p.cmdline()]
+        assert not [p.cmdline() for p in processes if "mlflow.server.jobs._job_runner" in p.cmdline()]
 
         client = MlflowClient(tracking_uri=uri)
         run_id = client.create_run("0").info.run_id
