@@ -2,20 +2,22 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The lock (constraints.txt): the version of every package the tests and the images install (`make lock`).
+LOCK := constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
 
-.PHONY: test demo benchmark venv clean images test-colossalai chaos
+.PHONY: test demo benchmark venv clean images test-images local-bases lock test-colossalai chaos
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c $(LOCK) --upgrade pip
 	# torch first and pinned: on this machine 2.13.0 is a local CPU build; anything that asks for
 	# plain `torch` later is then already satisfied.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c $(LOCK) torch==2.13.0
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -38,10 +40,10 @@ demo: venv
 # alignflow and TRL side by side on one synthetic workload (benchmarks/README.md; one epoch of every
 # stage, 3 repeats: over an hour on 2 busy cores). TRL (the `bench` extra) installs into .venv beside
 # torch 2.13 and transformers: `pip install --dry-run` shows it pulls no other torch.
-BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev,bench]'
 	rm -f $(VENV)/.bench-*
 	touch $@
 
@@ -71,19 +73,38 @@ $(COLOSSALAI_STAMP): pyproject.toml
 test-colossalai: $(COLOSSALAI_STAMP)
 	$(COLOSSALAI_PY) -m pytest tests/colossalai -p no:cacheprovider
 
-# Builds every image under images/ with whatever builder this machine has (none can run on the CI
-# machine; not part of `make test`). The MLflow image is tagged with the MLflow version it pins, the
-# tag the chart's mlflow.image.tag names.
-MLFLOW_IMAGE_VERSION = $(shell sed -n 's/.*"mlflow==\([0-9.]*\)".*/\1/p' images/mlflow/Dockerfile)
+# Resolve the project's dependencies and extras afresh in a scratch virtualenv and write what pip installed as the
+# lock (local version labels such as torch's `+cpu` dropped, so the pin admits the CUDA build too). Then `make venv`
+# reinstalls .venv from it and the images build with it.
+LOCK_VENV := build/lock-venv
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(LOCK_VENV)/bin/python -m pip install --quiet '.[dev,lora,s3,mlflow,kfp,bench]'
+	{ sed -n '/^#/p' $(LOCK); $(LOCK_VENV)/bin/python -m pip freeze --all --exclude alignflow | sed 's/+cpu$$//'; } \
+		> $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
 
+# The trainer, launcher and MLflow images, with docker, buildah or podman (images/build.sh lists its settings:
+# IMAGE_REGISTRY, IMAGE_TAG, BASE_IMAGE, TRAINER_BASE_IMAGE, LAUNCHER_BASE_IMAGE, MLFLOW_BASE_IMAGE,
+# PIP_CA_BUNDLE, PUSH). Not part of `make test`.
 images:
-	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder="docker build"; \
-	elif command -v buildah >/dev/null 2>&1; then builder="buildah bud --isolation chroot"; \
-	elif command -v podman >/dev/null 2>&1; then builder="podman build"; \
-	else echo "make images: no docker daemon, buildah or podman here" >&2; exit 1; fi; \
-	$$builder -f images/trainer/Dockerfile -t alignflow-trainer:latest . && \
-	$$builder -f images/launcher/Dockerfile -t alignflow-launcher:latest . && \
-	$$builder -f images/mlflow/Dockerfile -t alignflow-mlflow:$(MLFLOW_IMAGE_VERSION) images/mlflow
+	images/build.sh
+
+# Registry-free bases (debootstrap + Python 3.11, and the same with the local CPU torch wheel): images/bases/build.sh.
+local-bases:
+	images/bases/build.sh
+
+# Build the bases and the three images here without any registry, run each as the cluster would, and run the
+# emulated cluster's pipeline on them; prints a table (about 15 minutes; needs root). Debian's buildah and
+# debootstrap are installed when missing.
+test-images: venv
+	command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq buildah debootstrap; }
+	$(PY) -m tests.images.real.run $(TEST_IMAGES_ARGS)
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

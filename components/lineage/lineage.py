@@ -38,7 +38,7 @@ def experiment_id(client) -> str:
     """The experiment stage runs use too: MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME, else `alignflow`."""
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
         return os.environ["MLFLOW_EXPERIMENT_ID"]
-    from trainer.tracking.mlflow_tracker import get_or_create_experiment
+    from trainer.tracking.experiment import get_or_create_experiment
 
     return get_or_create_experiment(client, os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.cluster.apiserver import ApiServer
 from tests.cluster.kubelet import Kubelet, record_event, set_condition
+from tests.cluster.sandbox import ImageRoot
 from tests.cluster.scheduler import choose_node, pod_requests
 from tests.cluster.store import Store
 from tests.cluster.tls import server_context, write_serving_certificate
@@ -65,7 +66,8 @@ class Cluster:
     """The whole emulated cluster; use as a context manager."""
 
     def __init__(self, workdir: Path, nodes: list[dict], images: set[str] | None = None,
-                 image_users: dict[str, tuple[int, int, str]] | None = None) -> None:
+                 image_users: dict[str, tuple[int, int, str]] | None = None,
+                 image_roots: dict[str, ImageRoot] | None = None) -> None:
         self.workdir = workdir
         self.store = Store()
         cert, key = write_serving_certificate(workdir / "pki")
@@ -74,6 +76,7 @@ class Cluster:
         self.api = ApiServer(self.store, server_context(cert, key), validator=crd_problems)
         self.kubelet = Kubelet(self.store, workdir / "pods", self.api.port, self.ca_pem, self.issue_token, images)
         self.kubelet.image_users = dict(image_users or {})
+        self.kubelet.image_roots = dict(image_roots or {})
         self.api.log_source = self.kubelet.log
         self.operator = TrainingOperator(self.store, self.kubelet)
         self.admin_token = secrets.token_hex(16)

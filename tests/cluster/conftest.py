@@ -23,7 +23,7 @@ import yaml
 from tests.cluster import kfp_ir
 from tests.cluster.cluster import Cluster, node
 from tests.cluster.kfp_runner import KfpRun, ObjectStore
-from tests.cluster.sandbox import SandboxUnavailable, check_available
+from tests.cluster.sandbox import SandboxUnavailable, built_images, check_available
 from tests.integration.services import S3_ENV, start_mlflow, start_moto, stop
 
 NAMESPACE = "kubeflow-user-example-com"  # a Kubeflow profile namespace
@@ -147,7 +147,7 @@ class Deployment:
 def deployment(folder: Path, packages: Path, endpoint: str, *, tracking_uri: str = "", values: dict | None = None,
                secret: bool = True, config_map: bool = True):
     """A fresh emulated cluster with the platform installed (values: the chart's, default `chart_values`)."""
-    with Cluster(folder, emulated_nodes(), image_users=IMAGE_USERS) as cluster:
+    with Cluster(folder, emulated_nodes(), image_users=IMAGE_USERS, image_roots=built_images()) as cluster:
         manifests = install_platform(cluster, endpoint, values=values or chart_values(endpoint, tracking_uri),
                                      secret=secret, config_map=config_map)
         yield Deployment(cluster, endpoint, manifests, packages)

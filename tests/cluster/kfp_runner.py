@@ -156,6 +156,10 @@ class KfpRun:
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> dict[str, TaskResult]:
         self._thread.join(timeout)
         if self._thread.is_alive():

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.sandbox import PodFilesystem
+from tests.cluster.sandbox import ImageRoot, PodFilesystem
 from tests.cluster.store import NotFound, Store, now_rfc3339
 
 logger = logging.getLogger(__name__)
@@ -162,6 +162,8 @@ class Kubelet:
         self.images = images  # None: every image can be pulled
         # image prefix -> (uid, gid, HOME) of the image's USER; other images run as root
         self.image_users: dict[str, tuple[int, int, str]] = {}
+        # image -> its built filesystem and config (`make test-images`); other images run on this machine's root
+        self.image_roots: dict[str, ImageRoot] = {}
         self.runtimes: dict[tuple[str, str], Runtime] = {}
         self.removed: dict[tuple[str, str], Runtime] = {}  # runtimes of deleted pods, for their logs
         self.hooks: dict[tuple[str, str], PodHooks] = {}
@@ -202,8 +204,10 @@ class Kubelet:
     def _run(self, key: tuple[str, str], pod: dict) -> None:
         runtime = self.runtimes.get(key)
         if runtime is None:
+            image = self.image_roots.get(pod["spec"]["containers"][0].get("image", ""))
             runtime = self.runtimes[key] = Runtime(PodFilesystem(self.pods_dir / f"{key[0]}_{key[1]}",
-                                                                 self.hosts.get(key), hostname=key[1]), ContainerLog())
+                                                                 self.hosts.get(key), hostname=key[1], image=image),
+                                                   ContainerLog())
         if runtime.process is None:
             if time.monotonic() >= runtime.restart_at:
                 self._start(key, pod, runtime)
@@ -256,7 +260,7 @@ class Kubelet:
         account = pod["spec"].get("serviceAccountName") or "default"
         if pod["spec"].get("automountServiceAccountToken", True):
             runtime.fs.mount_service_account(key[0], self.issue_token(key[0], account), self.ca_pem)
-        env = {"PATH": IMAGE_PATH, "HOME": home, "LANG": "C.UTF-8", "HOSTNAME": key[1],
+        env = {**self.image_env(image), "HOME": home, "HOSTNAME": key[1],
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
                "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.api_port}", **declared}
@@ -277,10 +281,16 @@ class Kubelet:
         runtime.started_at = now_rfc3339()
         self._set_status(key, "Running", {"running": {"startedAt": runtime.started_at}}, ready=True)
 
+    def image_env(self, image: str) -> dict[str, str]:
+        """The environment an image gives its containers (a built image's ENV; else this machine's PATH)."""
+        return dict(self.image_roots[image].env) if image in self.image_roots else {"PATH": IMAGE_PATH,
+                                                                                      "LANG": "C.UTF-8"}
+
     def _user(self, pod: dict, container: dict) -> tuple[int, int, str]:
         """(uid, gid, HOME): the image's user unless the pod or container securityContext says otherwise."""
-        uid, gid, home = next((user for prefix, user in self.image_users.items()
-                               if container.get("image", "").startswith(prefix)), (0, 0, "/home/root"))
+        image = container.get("image", "")
+        uid, gid, home = self.image_roots[image].user if image in self.image_roots else next(
+            (user for prefix, user in self.image_users.items() if image.startswith(prefix)), (0, 0, "/home/root"))
         merged = {**(pod["spec"].get("securityContext") or {}), **(container.get("securityContext") or {})}
         uid, gid = int(merged.get("runAsUser", uid)), int(merged.get("runAsGroup", gid))
         if merged.get("runAsNonRoot") and uid == 0:

@@ -27,8 +27,13 @@ STAGES = ("prepare-inputs", "train-sft", "train-dpo")
 SKIP = {"evaluate-model"}  # generation on the tiny model says nothing here; the registration gate follows it
 OPERATOR_ENV = {"PYTHONUNBUFFERED", "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "WORLD_SIZE",
                 "RANK", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_NNODES"}
-KUBELET_ENV = {"PATH", "HOME", "LANG", "HOSTNAME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+KUBELET_ENV = {"HOME", "HOSTNAME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
                "KUBERNETES_SERVICE_PORT_HTTPS", "KUBERNETES_PORT"}
+
+
+def image_env(cluster, image: str) -> set[str]:
+    """What the container's image adds to its environment (PATH and LANG here; a built image's ENV)."""
+    return set(cluster.kubelet.image_env(image))
 
 
 def job_running(cluster, stage: str):
@@ -47,7 +52,7 @@ def dpo_run(sandbox, object_store, tracking_server, tiny_inputs, packages, tmp_p
                                Fault("GET", watch, status=0, times=1, watch=True, when=dpo_running)]
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP).start()
         # Once DPO's job runs, every open watch ends: the launcher's next watches meet the faults.
-        cluster.wait_for(dpo_running, 600, "the DPO job runs")
+        cluster.wait_for(lambda: dpo_running() or not run.running, 600, "the DPO job runs")
         cluster.api.close_watches()
         results = run.join(timeout=600)
         print(run.timings())
@@ -63,7 +68,7 @@ def test_sft_then_dpo_run_through_the_object_store_alone(dpo_run, tmp_path):
 
     platform, run, results = dpo_run
     ran = {name for name, result in results.items() if result.state != "NOT_RUN" and name not in SKIP}
-    assert set(STAGES) <= ran
+    assert set(STAGES) <= ran, {name: (r.error, r.log[-3000:]) for name, r in results.items() if r.state == "FAILED"}
     assert {name: results[name].state for name in ran} == dict.fromkeys(ran, "SUCCEEDED"), \
         {name: (results[name].error, results[name].log[-3000:]) for name in ran if results[name].state != "SUCCEEDED"}
     model_uri = results["train-dpo"].artifacts["model"][0]["uri"]
@@ -81,14 +86,15 @@ def test_component_pods_get_exactly_the_environment_the_compiled_pipeline_declar
     from tests.cluster.kfp_ir import load_package
 
     platform, _, results = dpo_run
-    _, executors = load_package(platform.package("rlhf-dpo"))
+    spec, executors = load_package(platform.package("rlhf-dpo"))
     declared = executors["exec-train-sft"]
+    launcher_image = spec["deploymentSpec"]["executors"]["exec-train-sft"]["container"]["image"]
     names = {m["envVar"] for item in declared.get("secretAsEnv", []) + declared.get("configMapAsEnv", [])
              for m in item["keyToEnv"]}
     env = results["train-sft"].env
     config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")["data"]
     assert set(env) == {n for n in names if n in config_map or n.startswith("AWS_")} | KUBELET_ENV | {
-        "KFP_POD_NAME", "KFP_POD_UID"}
+        "KFP_POD_NAME", "KFP_POD_UID"} | image_env(platform.cluster, launcher_image)
     assert env["AWS_ACCESS_KEY_ID"] == S3_ENV["AWS_ACCESS_KEY_ID"]  # from the Secret, through the IR
     assert env["AWS_ENDPOINT_URL"] == platform.endpoint and env["MLFLOW_TRACKING_URI"]  # from the ConfigMap
     assert all(not result.not_emulated for result in results.values())
@@ -107,7 +113,7 @@ def test_each_job_replica_ran_the_manifest_command_with_the_operators_environmen
         pod = f"{job['metadata']['name']}-master-0"
         runtime = cluster.kubelet.runtime((NAMESPACE, pod))
         declared = {item["name"] for item in container.get("env", [])}
-        assert set(runtime.env) == declared | OPERATOR_ENV | KUBELET_ENV
+        assert set(runtime.env) == declared | OPERATOR_ENV | KUBELET_ENV | image_env(cluster, container["image"])
         secret_refs = [item for item in container["env"] if "secretKeyRef" in item.get("valueFrom", {})]
         assert {item["valueFrom"]["secretKeyRef"]["name"] for item in secret_refs} == {S3_SECRET}
         assert runtime.env["AWS_SECRET_ACCESS_KEY"] == S3_ENV["AWS_SECRET_ACCESS_KEY"]

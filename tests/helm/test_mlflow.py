@@ -9,7 +9,7 @@ from tests.helm.chart import one, render
 
 POSTGRES = {"mlflow": {"enabled": True, "backend": {"type": "postgres", "postgresSecret": "mlflow-db"}},
             "s3": {"credentialsSecret": "s3-credentials"}}
-DOCKERFILE = Path(__file__).parents[2] / "images" / "mlflow" / "Dockerfile"
+LOCK = Path(__file__).parents[2] / "constraints.txt"  # the lock the MLflow image installs through
 
 
 def mlflow_container(values: dict) -> dict:
@@ -74,5 +74,5 @@ def test_allowed_hosts_default_to_the_service_names_and_the_external_url():
 
 def test_default_image_is_the_projects_mlflow_image_with_the_pinned_version():
     container = mlflow_container({"mlflow": {"enabled": True}})
-    [pinned] = re.findall(r'"mlflow==([0-9.]+)"', DOCKERFILE.read_text())
+    [pinned] = re.findall(r"^mlflow==([0-9.]+)$", LOCK.read_text(), re.MULTILINE)
     assert container["image"] == f"ghcr.io/alignflow/mlflow:{pinned}"

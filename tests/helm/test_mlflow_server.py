@@ -3,8 +3,8 @@ command, arguments and environment the Deployment renders (only the bind address
 loopback ones), on a real PostgreSQL started in a temp dir, with artifacts proxied to a moto S3 server.
 
 Secrets are resolved the way the kubelet would: the `uri` key of the postgres Secret is the database URI,
-the S3 Secret's keys are moto's. What the image adds over this environment (boto3, psycopg2, a non-root
-user) is in images/mlflow/Dockerfile, pinned to the same MLflow version as the chart's image tag.
+the S3 Secret's keys are moto's. Where `make test-images` built the chart's image (images/mlflow/Dockerfile),
+the server runs in it, as its user and with its environment, instead of from this environment.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.sandbox import built_images
 from tests.helm.chart import expand_kubelet_references, one, render
 from tests.integration.services import S3_ENV, free_port, start_moto, stop, wait_until_up
 
@@ -118,11 +119,12 @@ def rendered_server(s3_endpoint: str) -> dict:
     return container
 
 
-def command_line(container: dict, env: dict[str, str], port: int) -> list[str]:
-    """The container's argv as the kubelet expands it, with the venv's `mlflow` and a loopback address
-    instead of 0.0.0.0:5000."""
+def command_line(container: dict, env: dict[str, str], port: int, in_image: bool = False) -> list[str]:
+    """The container's argv as the kubelet expands it, with the venv's `mlflow` (unless it runs in the image) and a
+    loopback address instead of 0.0.0.0:5000."""
     program, *rest = container["command"]
-    argv = [str(BIN / program), *rest, *(expand_kubelet_references(arg, env) for arg in container["args"])]
+    program = program if in_image else str(BIN / program)
+    argv = [program, *rest, *(expand_kubelet_references(arg, env) for arg in container["args"])]
     for rendered, local in (("--host=0.0.0.0", "--host=127.0.0.1"), ("--port=5000", f"--port={port}")):
         assert argv.count(rendered) == 1, argv
         argv[argv.index(rendered)] = local
@@ -155,8 +157,16 @@ def test_rendered_mlflow_server_runs_on_postgres_with_artifacts_in_s3(postgres, 
                    ("s3-credentials", "AWS_SECRET_ACCESS_KEY"): S3_ENV["AWS_SECRET_ACCESS_KEY"]}
     log = tmp_path / "mlflow.log"
     env = environment(container, secret_data, tmp_path)
-    server = subprocess.Popen(command_line(container, env, port), cwd=tmp_path, env=env, stdout=log.open("w"),
-                              stderr=subprocess.STDOUT)
+    image = built_images().get(container["image"])
+    if image:  # the image brings PATH and HOME
+        from tests.images.real import containers
+
+        env = {name: value for name, value in env.items() if name not in ("PATH", "HOME")}
+        server = containers.start(image, tmp_path / "pod", command_line(container, env, port, in_image=True), env,
+                                  log=log)
+    else:
+        server = subprocess.Popen(command_line(container, env, port), cwd=tmp_path, env=env, stdout=log.open("w"),
+                                  stderr=subprocess.STDOUT)
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(f"{uri}/health", server, 90, log)

@@ -29,6 +29,7 @@ from trainer.modeling import value_heads
 from trainer.modeling.lean_activations import use_lean_activations
 from trainer.modeling.sharded_load import build_on_meta, can_load_sharded, materialize_shards
 from trainer.modeling.value_heads import find_value_head
+from trainer.storage.local import give_default_mode
 
 logger = logging.getLogger(__name__)
 
@@ -266,3 +267,4 @@ def export_model(model: nn.Module, state: dict[str, torch.Tensor], tokenizer: An
     else:
         model.save_pretrained(directory, state_dict=state)
     tokenizer.save_pretrained(directory)
+    give_default_mode(directory)  # safetensors writes its files 0600

@@ -3,6 +3,10 @@
 `create_exclusive` is atomic (a complete temporary file is hard-linked into place, which fails if
 the name exists); `replace_if_unchanged` compares and then renames, which is atomic against readers
 but not against a second writer racing in the same instant (POSIX has no compare-and-swap rename).
+
+Files written through a temporary file (`tempfile.mkstemp`, and safetensors' own writer) are created
+with mode 0600; `give_default_mode` gives them the mode `open()` would have (0666 less the umask), so
+an output a pod writes as its own user can be read by the next one, as the other outputs can.
 """
 
 from __future__ import annotations
@@ -13,6 +17,28 @@ import tempfile
 from pathlib import Path
 
 from trainer.errors import StorageError
+
+
+def default_file_mode() -> int:
+    """0o666 less this process's umask: the mode `open()` creates files with."""
+    # os.umask can only be read by setting it, which races with threads creating files; Linux shows it in
+    # /proc (since 4.7). Elsewhere assume the common 022.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o644
+
+
+def give_default_mode(*paths: Path) -> None:
+    """Set each file (every file below a folder) to `default_file_mode()`."""
+    mode = default_file_mode()
+    for path in paths:
+        for file in (path.rglob("*") if path.is_dir() else [path]):
+            if file.is_file():
+                file.chmod(mode)
 
 
 def local_path(uri: str | Path) -> Path:
@@ -36,6 +62,7 @@ class LocalStorage:
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(handle, "wb") as file:
             file.write(data)
+        give_default_mode(Path(temporary))
         os.replace(temporary, path)
 
     def upload_file(self, local: Path, uri: str) -> None:
@@ -76,6 +103,7 @@ class LocalStorage:
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(handle, "wb") as file:
             file.write(data)
+        give_default_mode(Path(temporary))
         return temporary
 
     def create_exclusive(self, uri: str, data: bytes) -> str | None:

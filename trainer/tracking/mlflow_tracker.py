@@ -31,6 +31,7 @@ from typing import Any
 from trainer.config import TrackingConfig
 from trainer.redact import SECRET_KEY, redact_params, redact_text, redact_uri
 from trainer.runtime import TrackingEnv
+from trainer.tracking.experiment import get_or_create_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -254,9 +255,3 @@ class MlflowTracker:
             with self._lock:
                 del self._queue[:len(batch)]
                 self._lock.notify_all()
-
-
-def get_or_create_experiment(client: Any, name: str) -> str:
-    """The id of MLflow experiment `name`, created if missing (stage runs and the pipeline's parent run)."""
-    experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)

@@ -141,6 +141,12 @@ def test_value_model_export_round_trip(tmp_path, tiny_model):
     directory = tmp_path / "value"
     export_model(model, model.state_dict(), load_tokenizer(str(tiny_model)), directory)
     assert (directory / VALUE_HEAD_FILE).is_file() and (directory / VALUE_HEAD_MARKER).is_file()
+    # Every exported file (safetensors writes its own 0600) has the mode a plain file gets, so the next pod,
+    # which may run as another user, can read the model.
+    (tmp_path / "plain").write_text("")
+    plain_mode = (tmp_path / "plain").stat().st_mode & 0o777
+    assert {path.name: path.stat().st_mode & 0o777 for path in directory.iterdir()} == {
+        path.name: plain_mode for path in directory.iterdir()}
 
     reloaded = load_value_model(ModelConfig(path=str(directory))).eval()
     fresh = load_value_model(ModelConfig(path=str(tiny_model))).eval()  # a newly initialised head
