@@ -36,6 +36,17 @@ DRIVER = Path(__file__).with_name("families_fsdp2_driver.py")
 REPOSITORY = Path(__file__).parents[2]
 # The README ("Training loop details") names these; the rest keep Hugging Face's modules.
 LEAN_FAMILIES = {"llama", "llama-tied", "qwen2", "qwen3", "mistral"}
+# Width-32 models gain nothing from a second thread, and on a busy machine its synchronisation costs
+# more than the step (AdamW's fused kernel: ~1.5 ms on one thread, up to 165 ms on two).
+ONE_THREAD = {"num_threads": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keep_thread_count():
+    """The stages set torch's process-wide thread count; the tests after these get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +65,8 @@ def family_data(tmp_path_factory) -> dict[str, Path]:
 
 def sft_settings(micro_batch_size: int, plugin: str) -> dict:
     """Global batch 8 either way (8 x 1 process or 4 x 2 ranks): 2 optimizer steps on 16 rows."""
-    return {"train": {"micro_batch_size": micro_batch_size}, "sft": {"packing": True}, "parallel": {"plugin": plugin}}
+    return {"train": {"micro_batch_size": micro_batch_size, **ONE_THREAD}, "sft": {"packing": True},
+            "parallel": {"plugin": plugin}}
 
 
 class StageRuns:
@@ -67,7 +79,7 @@ class StageRuns:
         from trainer.supervised.stages import run_stage
 
         if (stage, family) not in self.done:
-            settings = sft_settings(8, "single") if stage == "sft" else {"train": {"micro_batch_size": 8}}
+            settings = sft_settings(8, "single") if stage == "sft" else {"train": {"micro_batch_size": 8, **ONE_THREAD}}
             data = self.data["sft" if stage == "sft" else "preference"]
             config = make_config(stage, self.root / family / stage, self.models[family], data, **settings)
             self.done[stage, family] = (config, run_stage(config))
@@ -132,7 +144,7 @@ def test_dpo_starts_at_log_two_and_its_export_reloads(family, tmp_path, family_m
     from trainer.supervised.stages import run_stage
 
     config = make_config("dpo", tmp_path, family_models[family], family_data["preference"],
-                         train={"micro_batch_size": 8, "log_interval": 1}, dpo={"packing": True})
+                         train={"micro_batch_size": 8, "log_interval": 1, **ONE_THREAD}, dpo={"packing": True})
     result = run_stage(config)
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     # Before the first update the policy is its reference: every log-ratio is 0 and the loss is log 2.
@@ -149,7 +161,7 @@ def test_one_grpo_episode_scored_by_the_familys_reward_model_moves_the_policy(fa
 
     reward_model = Path(stage_runs.run("rm", family)[0].output_dir) / "model"
     config = make_config("grpo", tmp_path, family_models[family], family_data["prompts"],
-                         optimizer={"lr": 1e-3, "scheduler": "constant"}, train={"micro_batch_size": 4},
+                         optimizer={"lr": 1e-3, "scheduler": "constant"}, train={"micro_batch_size": 4, **ONE_THREAD},
                          generation={"max_new_tokens": 6}, reward={"model_path": str(reward_model)},
                          grpo={"num_episodes": 1, "rollout_batch_size": 2, "num_generations": 2, "mini_batch_size": 4})
     result = run_online_stage(config)
