@@ -161,8 +161,7 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
         reads = _plan_or_log(model, directory, key, keep=("head.",))
     if reads is None:
         model = ValueHeadModel(_from_pretrained(AutoModel.from_pretrained, directory, key, **options))
-    backbone = model.backbone
-    head = find_value_head(directory, backbone.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
+    head = find_value_head(directory, model.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
     if head is not None:
         model.head.load_state_dict(head)
     else:

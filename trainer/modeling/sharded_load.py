@@ -116,23 +116,21 @@ def plan_reads(model: nn.Module, directory: Path, key: str, keep: tuple[str, ...
     """
     names = weight_names(directory)
     plan: dict[str, str] = {}
-    missing: list[str] = []
     unmatched = set(names)
     for prefix, part in _pretrained_parts(model):
         keys = map_checkpoint_keys(part, names)
-        persistent = set(part.state_dict(keep_vars=True)) - {name for name, _ in part.named_parameters(remove_duplicate=False)}
-        if keys.converted or persistent & keys.sources.keys():
+        parameters = {name for name, _ in part.named_parameters(remove_duplicate=False)}
+        buffers = set(part.state_dict(keep_vars=True)) - parameters  # persistent ones
+        if keys.converted or buffers & keys.sources.keys():
             return None
         plan |= {prefix + name: source for name, source in keys.sources.items()}
         unmatched &= set(keys.unmatched)
-    # named_parameters lists a tied weight once (under its first name), as the weights file stores it.
-    for name, _ in model.named_parameters():
-        if name.startswith(keep) or name in plan:
-            continue
-        missing.append(name)
+    # named_parameters lists a tied weight once (under its first name): one read fills both names.
+    wanted = [name for name, _ in model.named_parameters() if not name.startswith(keep)]
+    missing = [name for name in wanted if name not in plan]
     if missing:
         raise ConfigError(f"{key}: the weights in {directory} {describe_mismatch(missing, sorted(unmatched))}")
-    return {name: plan[name] for name, _ in model.named_parameters() if not name.startswith(keep)}
+    return {name: plan[name] for name in wanted}
 
 
 def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, directory: Path, key: str,

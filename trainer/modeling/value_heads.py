@@ -50,7 +50,7 @@ def _weight_files(directory: Path) -> dict[str, Path]:
             return dict.fromkeys(handle.keys(), single)
     single = directory / "pytorch_model.bin"
     if single.is_file():
-        return dict.fromkeys(torch.load(single, map_location="cpu", weights_only=True), single)
+        return dict.fromkeys(torch.load(single, map_location="cpu", weights_only=True, mmap=True), single)
     return {}
 
 
@@ -58,7 +58,7 @@ def _read(path: Path, key: str) -> torch.Tensor:
     if path.suffix == ".safetensors":
         with safe_open(str(path), framework="pt") as handle:
             return handle.get_tensor(key)
-    return torch.load(path, map_location="cpu", weights_only=True)[key]
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]  # maps, reads one tensor
 
 
 def _classifier_head(directory: Path, key: str) -> tuple[str, dict[str, str | None]]:
