@@ -7,7 +7,9 @@ the mask alone is that big. Under this implementation no mask is built for an un
 batch's `cu_seq_lens_q` (the sequence boundaries, in the flash-attention varlen convention that
 transformers already passes down to the attention function), or else the restarting `position_ids`,
 split the tokens and each sequence attends causally to itself only, with SDPA's causal kernel:
-attention costs the sum of (sequence length)^2 and nothing is computed for padding. Padded calls
+attention costs the sum of (sequence length)^2 and nothing is computed for padding. A layer with a
+sliding window (Mistral, Gemma3's local layers, Qwen2 and Phi3 when configured with one) passes it
+down, and a sequence longer than the window gets a banded mask of its own length instead. Padded calls
 (an attention mask) and cached decoding are plain `sdpa`, so a model set to it behaves as before on
 every other input.
 
@@ -35,7 +37,8 @@ def varlen_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
         attention_mask: None for an unpadded call (`sequence_mask` builds none), else sdpa's 4D mask.
         dropout, scaling: As for `scaled_dot_product_attention`.
         kwargs: `cu_seq_lens_q`: (S + 1,) boundaries of the S sequences in the flattened B * T tokens,
-            0 first, B * T last; without it they are read off `position_ids` (a sequence starts at 0).
+            0 first, B * T last; without it they are read off `position_ids` (a sequence starts at 0), and
+            without those each row is one sequence. `sliding_window`: the layer's window, if it has one.
 
     Returns:
         (B, T, H, D) attention output, and None (no attention weights), as transformers expects.
@@ -45,24 +48,38 @@ def varlen_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
     boundaries = kwargs.pop("cu_seq_lens_q", None)
     positions = kwargs.get("position_ids")
     is_whole = attention_mask is None and query.shape[2] == key.shape[2] > 1  # no padding, no cache
-    if not is_whole or (boundaries is None and positions is None):
+    if not is_whole:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     batch, heads, length, dim = query.shape
-    if boundaries is None:
+    if boundaries is None and positions is None:  # each row is one sequence (sdpa's mask-free call would drop windows)
+        boundaries = torch.arange(0, batch * length + 1, length, device=query.device)
+    elif boundaries is None:
         starts = (positions.reshape(-1) == 0).nonzero().squeeze(1)  # where each sequence begins in B * T tokens
         boundaries = torch.cat([starts, starts.new_tensor([batch * length])])
     flat = lambda states: states.transpose(0, 1).reshape(1, states.shape[1], batch * length, dim)  # noqa: E731
     query, key, value = flat(query), flat(key), flat(value)  # (1, H, B * T, D): rows laid end to end
-    bounds = boundaries.tolist()
-    pieces = [
-        F.scaled_dot_product_attention(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                       dropout_p=dropout if module.training else 0.0, scale=scaling, is_causal=True,
-                                       enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
-    ]  # each (1, H, n_i, D)
+    pieces = []  # each (1, H, n_i, D)
+    bounds, window = boundaries.tolist(), kwargs.get("sliding_window")
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        mask = window_mask(end - start, window, query.device)
+        pieces.append(F.scaled_dot_product_attention(
+            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], attn_mask=mask,
+            dropout_p=dropout if module.training else 0.0, scale=scaling, is_causal=mask is None,
+            enable_gqa=getattr(module, "num_key_value_groups", 1) > 1))
     output = torch.cat(pieces, dim=2).reshape(heads, batch, length, dim)  # (H, B, T, D)
     return output.permute(1, 2, 0, 3).contiguous(), None  # (B, T, H, D)
+
+
+def window_mask(length: int, window: int | None, device: torch.device) -> Tensor | None:
+    """The (length, length) boolean mask of causal attention within a sliding window of `window` tokens (a
+    query sees itself and the `window - 1` tokens before it, as transformers' `sliding_window_overlay`), or
+    None when the window covers the whole sequence (plain causal attention then)."""
+    if window is None or length <= window:
+        return None
+    query = torch.arange(length, device=device)[:, None]  # (n, 1)
+    key = torch.arange(length, device=device)[None, :]  # (1, n)
+    return (key <= query) & (key > query - window)  # (n, n)
 
 
 def sequence_mask(*args: Any, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from trainer.parallel.booster import Plugin
 from trainer.modeling import value_heads
 from trainer.modeling.lean_activations import use_lean_activations
-from trainer.modeling.sharded_load import build_on_meta, can_load_sharded, materialize_shards
+from trainer.modeling.sharded_load import build_on_meta, can_load_sharded, materialize_shards, plan_reads
 from trainer.modeling.value_heads import find_value_head
 from trainer.storage.local import give_default_mode
 
@@ -108,14 +108,33 @@ def load_causal_lm(config: ModelConfig, path: str | None = None, key: str = "mod
 
     directory = _check_path(path or config.path, key)
     options = {"attn_implementation": config.attn_implementation, **dtype_keyword(torch.float32)}
-    if plugin is not None and plugin.shards_parameters:
-        if can_load_sharded(directory):
-            model = _apply_options(build_on_meta(AutoModelForCausalLM, directory, **options), config, plugin)
-            return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key)
-        logger.info("%s: %s has no safetensors weights (or torch has no DCP HF reader): every rank loads it whole",
-                    key, directory)
+    if _shards_parameters(plugin, directory, key):
+        model = build_on_meta(AutoModelForCausalLM, directory, **options)
+        reads = _plan_or_log(model, directory, key)
+        if reads is not None:
+            model = _apply_options(model, config, plugin)
+            return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key, reads)
     model = _from_pretrained(AutoModelForCausalLM.from_pretrained, directory, key, **options)
     return _apply_options(model, config, plugin)
+
+
+def _shards_parameters(plugin: Plugin | None, directory: Path, key: str) -> bool:
+    """Whether to load into shards: a plugin that shards, safetensors weights and a torch that reads them."""
+    if plugin is None or not plugin.shards_parameters:
+        return False
+    if can_load_sharded(directory):
+        return True
+    logger.info("%s: %s has no safetensors weights (or torch has no DCP HF reader): every rank loads it whole",
+                key, directory)
+    return False
+
+
+def _plan_or_log(model: nn.Module, directory: Path, key: str, keep: tuple[str, ...] = ()) -> dict[str, str] | None:
+    reads = plan_reads(model, directory, key, keep)
+    if reads is None:
+        logger.info("%s: %s converts tensors on load (merged or split, or stored buffers), which cannot be read "
+                    "in slices: every rank loads it whole", key, directory)
+    return reads
 
 
 def load_value_model(config: ModelConfig, path: str | None = None, key: str = "model.path",
@@ -137,20 +156,20 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
 
     directory = _check_path(path or config.path, key)
     options = {"attn_implementation": config.attn_implementation, **dtype_keyword(torch.float32)}
-    sharded = plugin is not None and plugin.shards_parameters and can_load_sharded(directory)
-    if sharded:
-        backbone = build_on_meta(AutoModel, directory, **options)
-    else:
-        backbone = _from_pretrained(AutoModel.from_pretrained, directory, key, **options)
-    model = ValueHeadModel(backbone)
-    head = find_value_head(directory, backbone.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
+    reads = None
+    if _shards_parameters(plugin, directory, key):
+        model = ValueHeadModel(build_on_meta(AutoModel, directory, **options))
+        reads = _plan_or_log(model, directory, key, keep=("head.",))
+    if reads is None:
+        model = ValueHeadModel(_from_pretrained(AutoModel.from_pretrained, directory, key, **options))
+    head = find_value_head(directory, model.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
     if head is not None:
         model.head.load_state_dict(head)
     else:
         logger.info("%s: %s has no value head; starting from a new one", key, directory)
     model = _apply_options(model, config, plugin)
-    if sharded:
-        return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key, keep=("head.",))
+    if reads is not None:
+        return materialize_shards(model, plugin.wrap_model, plugin.device, directory, key, reads, keep=("head.",))
     return model
 
 

@@ -10,8 +10,13 @@ parameters' dtype as it copies. Peak memory per rank is its shard plus one slice
 
 Buffers (rotary frequencies and the like) are computed in `__init__` and are not in the weights
 file, so they are built for real on every rank (they are small) and kept across `to_empty`.
-What it leaves out: `pytorch_model.bin` directories and torch releases without DCP's HF reader
-(both load whole, as before, with one logged line); LoRA (rejected with FSDP2 earlier).
+Each parameter is read from the checkpoint key `from_pretrained` would fill it from
+(`trainer.modeling.checkpoint_keys`: GPT-NeoX's `embed_out` is the module's `lm_head`, a backbone reads a
+`*ForCausalLM` checkpoint without its prefix, a tied head stored under either name); a parameter
+with no key is one error naming it and the checkpoint's keys that match nothing.
+What it leaves out: `pytorch_model.bin` directories, torch releases without DCP's HF reader, and
+checkpoints whose tensors are converted on load (merged experts, split fused projections) or that
+store buffers: all load whole, as before, with one logged line; LoRA (rejected with FSDP2 earlier).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
+from trainer.modeling.checkpoint_keys import describe_mismatch, map_checkpoint_keys
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +86,55 @@ def weight_names(directory: Path) -> set[str]:
     return names
 
 
-def file_name_of(name: str, names: set[str]) -> str | None:
-    """The weights file's name for parameter `name`: itself, or a value model's backbone parameter under
-    the base model's prefix or none (`backbone.layers.0...` is `model.layers.0...` or `layers.0...`)."""
-    bare = name.removeprefix("backbone.")
-    return next((candidate for candidate in (name, f"model.{bare}", bare) if candidate in names), None)
+def _pretrained_parts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`model` itself when it is a transformers model, else its transformers children with their name
+    prefixes (a value model's `backbone.`): the parts whose names a checkpoint's keys map onto."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return [("", model)]
+    return [(f"{name}.", child) for name, child in model.named_children() if isinstance(child, PreTrainedModel)]
+
+
+def plan_reads(model: nn.Module, directory: Path, key: str, keep: tuple[str, ...] = ()) -> dict[str, str] | None:
+    """The checkpoint key to read into each parameter of a meta-device `model`, matched as `from_pretrained`
+    matches them (`trainer.modeling.checkpoint_keys`): renamed heads, base-model prefixes, tied weights.
+
+    Args:
+        model: Unwrapped and still on meta (the names are the module's own, before sharding).
+        directory: The model directory.
+        key: The config key it came from, named in errors.
+        keep: Name prefixes of parameters that are not read (they already hold their values).
+
+    Returns:
+        Parameter name -> checkpoint key for every parameter not under `keep`, or None when the
+        checkpoint needs a tensor conversion on load (or stores a buffer), which cannot be read in slices.
+
+    Raises:
+        ConfigError: Some parameter has no tensor in the checkpoint (naming it, and the checkpoint's
+            tensors that match nothing).
+    """
+    names = weight_names(directory)
+    plan: dict[str, str] = {}
+    unmatched = set(names)
+    for prefix, part in _pretrained_parts(model):
+        keys = map_checkpoint_keys(part, names)
+        parameters = {name for name, _ in part.named_parameters(remove_duplicate=False)}
+        buffers = set(part.state_dict(keep_vars=True)) - parameters  # persistent ones
+        if keys.converted or buffers & keys.sources.keys():
+            return None
+        plan |= {prefix + name: source for name, source in keys.sources.items()}
+        unmatched &= set(keys.unmatched)
+    # named_parameters lists a tied weight once (under its first name): one read fills both names.
+    wanted = [name for name, _ in model.named_parameters() if not name.startswith(keep)]
+    missing = [name for name in wanted if name not in plan]
+    if missing:
+        raise ConfigError(f"{key}: the weights in {directory} {describe_mismatch(missing, sorted(unmatched))}")
+    return {name: plan[name] for name in wanted}
 
 
 def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, directory: Path, key: str,
-                       keep: tuple[str, ...] = ()) -> nn.Module:
+                       reads: dict[str, str], keep: tuple[str, ...] = ()) -> nn.Module:
     """Shard a meta-device `model` with `wrap` (FSDP2's `fully_shard` per layer and root), give each rank
     storage for its slices on `device`, and read them from `directory`'s safetensors files (a collective).
 
@@ -99,6 +145,7 @@ def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, direct
         device: Where this rank's slices live.
         directory: The model directory.
         key: The config key it came from, named in errors.
+        reads: Parameter name -> checkpoint key, for every parameter not under `keep` (`plan_reads`).
         keep: Name prefixes of parameters whose current values are kept rather than read from the files.
 
     Returns:
@@ -115,15 +162,8 @@ def materialize_shards(model: nn.Module, wrap: Any, device: torch.device, direct
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
-    # named_parameters lists a tied weight once (under its first name), as the weights file does.
-    names, state = weight_names(directory), {}
-    for name, parameter in model.named_parameters():
-        if name in kept:
-            continue
-        file_name = file_name_of(name, names)
-        if file_name is None:
-            raise ConfigError(f"{key}: the weights in {directory} have no tensor for {name}")
-        state[file_name] = parameter
+    # Sharding keeps the parameters' names; DCP's reader is keyed by the checkpoint's.
+    state = {reads[name]: parameter for name, parameter in model.named_parameters() if name not in kept}
     try:
         dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
     except (CheckpointException, RuntimeError, ValueError) as err:

@@ -5,8 +5,10 @@ Two layouts carry one: alignflow's own export (`value_head.safetensors` beside t
 (`LlamaForSequenceClassification`, `Qwen2ForSequenceClassification`, ...), whose head is a bias-free
 linear layer named `score` (`classifier` in some architectures) stored with the backbone's weights.
 `AutoModel` loads only the backbone and drops that head, so it is read here, from the weight files
-directly. A sequence classifier whose head cannot be found, or has more than one label, is an error:
-scoring with a randomly initialised head would train a policy against noise.
+directly: the head is what the directory's `*ForSequenceClassification` class holds outside its base
+model, and its checkpoint keys are matched as `from_pretrained` matches them
+(`trainer.modeling.checkpoint_keys`). A sequence classifier whose head cannot be found, or has more
+than one label, is an error: scoring with a randomly initialised head would train a policy against noise.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer.errors import ConfigError
+from trainer.modeling.checkpoint_keys import map_checkpoint_keys
 
 VALUE_HEAD_FILE = "value_head.safetensors"
-HEAD_NAMES = ("score", "classifier", "v_head", "value_head")
 
 
 def architectures(directory: Path) -> list[str]:
@@ -37,51 +39,74 @@ def is_sequence_classifier(directory: Path) -> bool:
 
 
 def _weight_files(directory: Path) -> dict[str, Path]:
-    """Tensor name -> the file holding it, for the head candidates only."""
-    wanted = {f"{name}.{part}" for name in HEAD_NAMES for part in ("weight", "bias")}
+    """Tensor name -> the file holding it, for every tensor of the directory's weights."""
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = directory / index_name
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-            return {key: directory / file for key, file in weight_map.items() if key in wanted}
-    found: dict[str, Path] = {}
+            return {key: directory / file for key, file in json.loads(index.read_text()).get("weight_map", {}).items()}
     single = directory / "model.safetensors"
     if single.is_file():
         with safe_open(str(single), framework="pt") as handle:
-            found.update({key: single for key in handle.keys() if key in wanted})
-    elif (directory / "pytorch_model.bin").is_file():
-        found.update({key: directory / "pytorch_model.bin" for key in wanted})
-    return found
+            return dict.fromkeys(handle.keys(), single)
+    single = directory / "pytorch_model.bin"
+    if single.is_file():
+        return dict.fromkeys(torch.load(single, map_location="cpu", weights_only=True, mmap=True), single)
+    return {}
 
 
-def _read(path: Path, key: str) -> torch.Tensor | None:
+def _read(path: Path, key: str) -> torch.Tensor:
     if path.suffix == ".safetensors":
         with safe_open(str(path), framework="pt") as handle:
-            return handle.get_tensor(key) if key in handle.keys() else None
-    return torch.load(path, map_location="cpu", weights_only=True).get(key)
+            return handle.get_tensor(key)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]  # maps, reads one tensor
+
+
+def _classifier_head(directory: Path, key: str) -> tuple[str, dict[str, str | None]]:
+    """The classifier's head module name and its parameters' checkpoint keys (None where the checkpoint has none).
+
+    The head is what the `*ForSequenceClassification` class holds outside its base model (`score` in the
+    causal LM families), and its keys are matched as `from_pretrained` matches them.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    from trainer.modeling.sharded_load import build_on_meta
+
+    try:
+        classifier = build_on_meta(AutoModelForSequenceClassification, directory)
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"{key}: cannot build the sequence classifier of {directory} "
+                          f"({'/'.join(architectures(directory))}): {err}") from err
+    sources = map_checkpoint_keys(classifier, _weight_files(directory)).sources
+    inside = f"{classifier.base_model_prefix}."
+    head = {name: sources.get(name) for name, _ in classifier.named_parameters() if not name.startswith(inside)}
+    modules = {name.rsplit(".", 1)[0] for name in head}
+    if len(modules) != 1 or not set(head) <= {f"{next(iter(modules))}.weight", f"{next(iter(modules))}.bias"}:
+        raise ConfigError(f"{key}: {directory}'s classification head is not one linear layer "
+                          f"({', '.join(sorted(head)) or 'no parameters'}); alignflow reads a single scalar head")
+    return modules.pop(), head
 
 
 def sequence_classifier_head(directory: Path, hidden_size: int, key: str) -> dict[str, torch.Tensor]:
     """The `weight` (1, hidden) and `bias` (1,) of a `*ForSequenceClassification` directory's head.
 
     Raises:
-        ConfigError: No head of shape (num_labels, hidden) under a known name, or num_labels is not 1.
+        ConfigError: The head is not one linear layer, its weight is not in the files or not (num_labels,
+            hidden), or num_labels is not 1.
     """
+    name, head = _classifier_head(directory, key)
     files = _weight_files(directory)
-    for name in HEAD_NAMES:
-        if f"{name}.weight" not in files:
-            continue
-        weight = _read(files[f"{name}.weight"], f"{name}.weight")
-        if weight is None or weight.dim() != 2 or weight.shape[1] != hidden_size:
-            continue
-        if weight.shape[0] != 1:
-            raise ConfigError(f"{key}: {directory} is a sequence classifier with {weight.shape[0]} labels "
-                              f"({name}.weight is {tuple(weight.shape)}); a reward model has exactly 1 output")
-        bias = _read(files[f"{name}.bias"], f"{name}.bias") if f"{name}.bias" in files else None
-        return {"weight": weight.float(), "bias": bias.float() if bias is not None else torch.zeros(1)}
-    raise ConfigError(f"{key}: {directory} is a {'/'.join(architectures(directory))} but its weights have no "
-                      f"classification head ({' or '.join(f'{n}.weight' for n in HEAD_NAMES)} of shape "
-                      f"(1, {hidden_size})); it would be scored by a random head")
+    weight_key = head.get(f"{name}.weight")
+    weight = _read(files[weight_key], weight_key) if weight_key in files else None
+    if weight is None or weight.dim() != 2 or weight.shape[1] != hidden_size:
+        raise ConfigError(f"{key}: {directory} is a {'/'.join(architectures(directory))} but its weights have no "
+                          f"classification head ({name}.weight of shape (1, {hidden_size})); it would be scored "
+                          "by a random head")
+    if weight.shape[0] != 1:
+        raise ConfigError(f"{key}: {directory} is a sequence classifier with {weight.shape[0]} labels "
+                          f"({weight_key} is {tuple(weight.shape)}); a reward model has exactly 1 output")
+    bias_key = head.get(f"{name}.bias")
+    bias = _read(files[bias_key], bias_key) if bias_key in files else torch.zeros(1)
+    return {"weight": weight.float(), "bias": bias.float()}
 
 
 def find_value_head(directory: Path, hidden_size: int, key: str, required: bool) -> dict[str, torch.Tensor] | None:

@@ -19,7 +19,9 @@ Where a faster engine plugs in (vLLM or SGLang, on GPU images; not implemented h
 `TokensPrompt`s and `SamplingParams(temperature, top_p, top_k, max_tokens, stop_token_ids)`) and
 right-pads the returned token ids into (B, R), and whose `load_weights` pushes the actor's state
 dict into the engine's model (vLLM: the worker model's `load_weights(state.items())`; SGLang:
-`update_weights_from_tensor`). Register it in `ROLLOUT_ENGINES` and add its name to
+`update_weights_from_tensor`). Those read checkpoint names, which are not always the module's
+(GPT-NeoX's head is `embed_out` there): rename with `trainer.modeling.checkpoint_keys.to_checkpoint_names`
+first, as `save_pretrained` does. Register it in `ROLLOUT_ENGINES` and add its name to
 `RolloutConfig.engine`'s choices.
 """
 

@@ -70,3 +70,22 @@ def test_eager_models_are_left_alone_and_exports_do_not_name_the_implementation(
     use_varlen_attention(model)
     model.save_pretrained(tmp_path)
     assert VARLEN_ATTENTION not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def test_a_sliding_window_limits_each_query_to_the_last_window_tokens_with_or_without_boundaries():
+    from trainer.modeling.attention import varlen_sdpa_attention
+
+    query, key, value = torch.randn(3, 2, 2, 5, 4, generator=torch.Generator().manual_seed(0)).unbind(0)  # (B, H, T, D)
+    band = torch.tensor([[1, 0, 0, 0, 0],  # window 2: each token sees itself and the one before it
+                         [1, 1, 0, 0, 0],
+                         [0, 1, 1, 0, 0],
+                         [0, 0, 1, 1, 0],
+                         [0, 0, 0, 1, 1]], dtype=torch.bool)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=band).transpose(1, 2)
+    module = torch.nn.Module().eval()
+    positions = torch.arange(5).expand(2, 5)
+    for inputs in ({}, {"position_ids": positions}):  # rows as sequences; positions restarting per row
+        output, _ = varlen_sdpa_attention(module, query, key, value, None, sliding_window=2, **inputs)  # (B, T, H, D)
+        torch.testing.assert_close(output, expected, rtol=1e-6, atol=1e-6)
+    unwindowed, _ = varlen_sdpa_attention(module, query, key, value, None, sliding_window=5)  # covers the rows
+    assert not torch.allclose(unwindowed, expected)
