@@ -41,15 +41,23 @@ CLOSE_TIMEOUT_SECONDS = 30.0
 
 
 class TrackingUnavailable(RuntimeError):
-    """No tracking URI was given and no folder the embedded sqlite store could be written to."""
+    """No tracking URI was given, and no embedded sqlite store can be kept (no folder to write it, or no local
+    store in a client-only install)."""
 
 
 def embedded_tracking_uri(working_dir: Path | None = None) -> str:
-    """Where runs go without `MLFLOW_TRACKING_URI`; raises TrackingUnavailable when nowhere is writable.
+    """Where runs go without `MLFLOW_TRACKING_URI`; raises TrackingUnavailable when nowhere is writable, or when
+    MLflow is installed without its local store (mlflow-skinny).
 
     The writability check comes first because MLflow would otherwise retry the sqlite file for minutes
     before the tracker gives up, and then say nothing about why.
     """
+    try:
+        import sqlalchemy  # noqa: F401 - MLflow's local store; the client-only mlflow-skinny has none
+    except ImportError:
+        raise TrackingUnavailable("no MLFLOW_TRACKING_URI, and this install has MLflow's client only (mlflow-skinny, "
+                                  "as in the trainer image), which keeps no local store; set MLFLOW_TRACKING_URI (the "
+                                  "chart's mlflow.trackingUri or mlflow.enabled)") from None
     working_dir = working_dir or Path.cwd()
     if os.access(working_dir, os.W_OK):
         return DEFAULT_TRACKING_URI

@@ -77,3 +77,4 @@ def test_nowhere_writable_trains_untracked_with_one_warning(pod_folders):
     assert str(pod_folders["workdir"]) in warnings[0] and str(pod_folders["tmp"]) in warnings[0]
     assert "trackers: ['JsonlTracker']" in done.stdout  # metrics.jsonl still gets every value
     assert (pod_folders["out"] / "metrics.jsonl").read_text().strip()
+
