@@ -13,6 +13,7 @@ from typing import Any
 
 from components.reports.html import escape, figure_png, link, number, page, table
 from components.reports.links import stage_run_link
+from components.reports.warnings import warnings_html
 from trainer.storage import get_storage, join_uri
 
 PANELS = ("loss", "reward", "KL", "learning rate")
@@ -89,11 +90,12 @@ def read_jsonl(uri: str) -> list[dict]:
 
 
 def stage_html(stage: str, final: dict[str, Any], job_root: str, environ: dict[str, str] | None = None) -> str:
-    """The HTML page of a finished stage: its curves, final metrics and MLflow run link."""
+    """The HTML page of a finished stage: its warnings, curves, final metrics and MLflow run link."""
     history = read_jsonl(join_uri(job_root, "metrics.jsonl"))
     panels = curves(history)
-    body = [figure_png(plot(panels, stage)) if panels else "<p class='note'>No curves: fewer than two logged "
-                                                           "points of loss, reward, KL or learning rate.</p>"]
+    body = warnings_html(final)
+    body.append(figure_png(plot(panels, stage)) if panels else "<p class='note'>No curves: fewer than two logged "
+                                                               "points of loss, reward, KL or learning rate.</p>")
     run_file = join_uri(job_root, "mlflow_run.json")
     storage = get_storage(job_root)
     if storage.exists(run_file):

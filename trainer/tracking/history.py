@@ -5,10 +5,11 @@ The loss check warns, it never fails a run: a loss that does not fall, or one th
 of magnitude, usually means a learning rate far off or broken data, but only the user can tell
 (a model that already fits its data has a flat loss too). It judges the logged `loss` of the whole
 run, resumed attempts included, once at least `MIN_POINTS` finite values were logged (with
-`train.log_interval` 10, a run of 40 steps):
+`train.log_interval` 10, a run of 60 steps). Each end of the curve is the mean of a window of a
+fifth of the points (two at least, so that one noisy step does not decide):
 
-- not falling: the mean of the last fifth of the points is less than 1% below the mean of the first fifth;
-- growing by orders of magnitude: a point is 100 times the mean of the first fifth or more.
+- not falling: the last window's mean is less than 1% below the first window's;
+- growing by orders of magnitude: a point is 100 times the first window's mean or more.
 
 Only the supervised stages are judged: the online stages' policy loss is a surrogate that need not
 fall (their reward and KL curves tell how they went). Non-finite losses are left out here: they
@@ -22,8 +23,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-MIN_POINTS = 4
-WINDOW_DIVISOR = 5  # each end window holds a fifth of the points (at least one)
+MIN_POINTS = 6
+WINDOW_DIVISOR = 5  # each end window holds a fifth of the points
+MIN_WINDOW = 2
 MIN_RELATIVE_FALL = 0.01
 GROWTH_FACTOR = 100.0
 
@@ -59,7 +61,7 @@ def loss_warnings(history: list[dict[str, Any]], key: str = "loss") -> list[str]
               and math.isfinite(record[key])]
     if len(points) < MIN_POINTS:
         return []
-    width = max(1, len(points) // WINDOW_DIVISOR)
+    width = max(MIN_WINDOW, len(points) // WINDOW_DIVISOR)
     first = sum(value for _, value in points[:width]) / width
     last = sum(value for _, value in points[-width:]) / width
     peak_step, peak = max(points, key=lambda point: point[1])
