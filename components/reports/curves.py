@@ -15,6 +15,7 @@ from components.reports.html import escape, figure_png, link, number, page, tabl
 from components.reports.links import stage_run_link
 from components.reports.warnings import warnings_html
 from trainer.storage import get_storage, join_uri
+from trainer.tracking.history import parse_records
 
 PANELS = ("loss", "reward", "KL", "learning rate")
 
@@ -76,17 +77,7 @@ def plot(panels: dict[str, dict[str, tuple[list[int], list[float]]]], title: str
 
 def read_jsonl(uri: str) -> list[dict]:
     storage = get_storage(uri)
-    if not storage.exists(uri):
-        return []
-    rows = []
-    for line in storage.read_bytes(uri).decode(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return parse_records(storage.read_bytes(uri).decode(errors="replace")) if storage.exists(uri) else []
 
 
 def stage_html(stage: str, final: dict[str, Any], job_root: str, environ: dict[str, str] | None = None) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import stage_dict
 from tests.integration.trainer_process import error_lines, run_trainer, write_config
+from tests.trainer.asynchronous.test_engine import engine_config, train_on_batches
 from trainer.__main__ import main
 from trainer.lifecycle.lease import LEASE_FILE, Lease
 from trainer.storage.s3 import S3Storage
@@ -307,36 +308,8 @@ def test_a_loss_that_does_not_fall_is_a_warning_in_the_log_the_final_metrics_and
 
 
 def test_the_asynchronous_trainer_writes_one_metrics_line_per_step(tmp_path, tiny_model, task_files):
-    import asyncio
-
-    from tests.conftest import make_config
-    from trainer.asynchronous.buffer import QueueBuffer
-    from trainer.asynchronous.engine import Trainer
-    from trainer.asynchronous.explorer import Explorer
-    from trainer.asynchronous.synchronizer import Synchronizer
-
     # A checkpoint every step: its save time used to be a second line for the step.
-    config = make_config("grpo", tmp_path / "run", tiny_model, task_files["prompts"], train={"micro_batch_size": 4},
-                         generation={"max_new_tokens": 2}, reward={"function": "trainer.tiny.task:reward"},
-                         grpo={"rollout_batch_size": 2, "num_generations": 2, "mini_batch_size": 4},
-                         asynchronous={"total_steps": 2, "save_interval": 1, "wait_timeout": 5, "sync_offset": 1,
-                                       "max_staleness": 8})  # both batches made up front
-    queue, synchronizer = QueueBuffer(), Synchronizer()
-    explorer = Explorer(config, buffer=queue, synchronizer=synchronizer)
-
-    async def train() -> None:
-        trainer = Trainer(config, buffer=queue, synchronizer=synchronizer)
-        try:
-            await trainer.prepare()
-            explorer.refresh_weights(0)
-            for _ in range(2):
-                queue.put(explorer.make_batch())
-            queue.close()
-            await trainer.train()
-        finally:
-            await trainer.shutdown()
-
-    asyncio.run(train())
+    train_on_batches(engine_config(tmp_path, tiny_model, task_files, total_steps=2, save_interval=1), 2)
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     assert all("loss" in line and "time/save_checkpoint" in line for line in lines)

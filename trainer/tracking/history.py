@@ -31,11 +31,14 @@ GROWTH_FACTOR = 100.0
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics file, in order; lines that are not JSON objects (a line cut by a kill) are left out."""
-    if not path.is_file():
-        return []
+    """The records of a local metrics file, in order ([] when there is none)."""
+    return parse_records(path.read_text(errors="replace")) if path.is_file() else []
+
+
+def parse_records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a metrics text, one a line; other lines (a line cut by a kill) are left out."""
     records = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
