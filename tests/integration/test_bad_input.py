@@ -313,3 +313,13 @@ def test_the_asynchronous_trainer_writes_one_metrics_line_per_step(tmp_path, tin
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     assert all("loss" in line and "time/save_checkpoint" in line for line in lines)
+
+
+def test_a_bad_eval_row_of_an_online_stage_fails_before_anything_is_written(capsys, tmp_path, tiny_model, task_files):
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": ""}\n')
+    config = stage_dict("grpo", tmp_path / "out", tiny_model, task_files["prompts"], prompts,
+                        reward={"function": "trainer.tiny.task:reward"})
+    code, line = cli(capsys, "grpo", config, tmp_path)
+    assert code == 2 and line == f"DataError: {prompts}:2: prompt is empty"
+    assert not (tmp_path / "out").exists()  # no lease, no config.yaml: the outputs were never opened

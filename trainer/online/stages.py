@@ -122,11 +122,11 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
     """
     context = build_context(config)
     try:
-        trainer = build_online_trainer(config, context, stop_after_episodes)
         eval_rows = None
-        if config.data.eval_path:
+        if config.data.eval_path:  # before the trainer opens the outputs: a bad row leaves nothing written
             eval_rows = examples_of(context, "eval", load_rows(config.data.eval_path, "prompt",
                                                                skip_bad_rows=config.data.skip_bad_rows))
+        trainer = build_online_trainer(config, context, stop_after_episodes)
         metrics: dict[str, float] = {}
         resumed = resume_latest(context, trainer.checkpoints, trainer.components(), trainer.restore)
         if not resumed and eval_rows:
