@@ -17,6 +17,7 @@ import yaml
 
 from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
 from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
+from components.reports.warnings import warnings_markdown
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
 
@@ -192,7 +193,7 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
     history_uri = join_uri(job_root, "metrics.jsonl")
     history = [json.loads(line) for line in storage.read_bytes(history_uri).decode().splitlines()] \
         if storage.exists(history_uri) else []
-    lines = [f"# {stage}", "", "| metric | value |", "|---|---|"]
+    lines = [f"# {stage}", *warnings_markdown(metrics), "", "| metric | value |", "|---|---|"]
     lines += [f"| {key} | {value:.4g} |" for key, value in sorted(metrics.items()) if isinstance(value, (int, float))]
     curves = ["loss", "episode/reward_mean", "episode/kl_to_ref", "eval/loss", "eval/accuracy"]
     lines += ["", "## Curves", ""]

@@ -13,7 +13,9 @@ from typing import Any
 
 from components.reports.html import escape, figure_png, link, number, page, table
 from components.reports.links import stage_run_link
+from components.reports.warnings import warnings_html
 from trainer.storage import get_storage, join_uri
+from trainer.tracking.history import parse_records
 
 PANELS = ("loss", "reward", "KL", "learning rate")
 
@@ -75,25 +77,16 @@ def plot(panels: dict[str, dict[str, tuple[list[int], list[float]]]], title: str
 
 def read_jsonl(uri: str) -> list[dict]:
     storage = get_storage(uri)
-    if not storage.exists(uri):
-        return []
-    rows = []
-    for line in storage.read_bytes(uri).decode(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return parse_records(storage.read_bytes(uri).decode(errors="replace")) if storage.exists(uri) else []
 
 
 def stage_html(stage: str, final: dict[str, Any], job_root: str, environ: dict[str, str] | None = None) -> str:
-    """The HTML page of a finished stage: its curves, final metrics and MLflow run link."""
+    """The HTML page of a finished stage: its warnings, curves, final metrics and MLflow run link."""
     history = read_jsonl(join_uri(job_root, "metrics.jsonl"))
     panels = curves(history)
-    body = [figure_png(plot(panels, stage)) if panels else "<p class='note'>No curves: fewer than two logged "
-                                                           "points of loss, reward, KL or learning rate.</p>"]
+    body = warnings_html(final)
+    body.append(figure_png(plot(panels, stage)) if panels else "<p class='note'>No curves: fewer than two logged "
+                                                               "points of loss, reward, KL or learning rate.</p>")
     run_file = join_uri(job_root, "mlflow_run.json")
     storage = get_storage(job_root)
     if storage.exists(run_file):

@@ -69,7 +69,8 @@ def run(command: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
 
 def test_trainer_and_explorer_exchange_experience_and_weights(tmp_path, rl_start_model, task_files):
     config_path = tmp_path / "grpo.yaml"
-    config_path.write_text(yaml.safe_dump(async_config(tmp_path, rl_start_model, task_files["prompts"])))
+    config_path.write_text(yaml.safe_dump(async_config(tmp_path, rl_start_model, task_files["prompts"],
+                                                       save_interval=3)))
 
     done = run(trainer_command(config_path, "both"))
 
@@ -83,8 +84,9 @@ def test_trainer_and_explorer_exchange_experience_and_weights(tmp_path, rl_start
     assert all(int(version) >= int(batch) - 2 for batch, version in written), written
     assert (output / "model" / "model.safetensors").is_file()
     assert (output / "checkpoints" / "latest").read_text().strip() == "step-00000004"
-    steps = [line for line in metric_lines(output) if "loss" in line]
-    assert [line["step"] for line in steps] == [1, 2, 3, 4]
+    steps = metric_lines(output)
+    assert [line["step"] for line in steps] == [1, 2, 3, 4]  # one line per step, a checkpoint's save time in it
+    assert all("loss" in line for line in steps) and "time/save_checkpoint" in steps[2]  # saved at step 3
     # Every batch carried its behaviour log-probs and was importance-corrected; a batch one version
     # old (sync_offset 1) gets weights that differ from 1 but stay near it on this small update.
     assert all(0.5 < line["staleness/importance_weight"] < 1.5 for line in steps), steps
@@ -206,9 +208,8 @@ def test_a_batch_older_than_max_staleness_is_rejected_and_counted(tmp_path, rl_s
 
     trainer = asyncio.run(train())
     assert trainer.train_step_num == 1 and trainer.num_rejected == 2
-    lines = metric_lines(tmp_path / "run")
-    assert [line["staleness/rejected"] for line in lines if "loss" not in line and "staleness/rejected" in line] == [1, 2]
-    assert [line for line in lines if "loss" in line][0]["staleness/max"] == 0
+    (line,) = metric_lines(tmp_path / "run")  # one line per step: the rejections after step 1 are merged into it
+    assert line["step"] == 1 and line["staleness/max"] == 0 and line["staleness/rejected"] == 2
 
 
 

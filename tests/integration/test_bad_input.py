@@ -7,6 +7,7 @@ to keep the table fast; divergence runs as a real subprocess too.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -17,6 +18,7 @@ import torch
 
 from tests.conftest import stage_dict
 from tests.integration.trainer_process import error_lines, run_trainer, write_config
+from tests.trainer.asynchronous.test_engine import engine_config, train_on_batches
 from trainer.__main__ import main
 from trainer.lifecycle.lease import LEASE_FILE, Lease
 from trainer.storage.s3 import S3Storage
@@ -58,6 +60,10 @@ def broken_model(kind: str, tiny_model: Path, directory: Path) -> Path:
             (directory / name).unlink(missing_ok=True)
     elif kind == "no weights":
         (directory / "model.safetensors").unlink()
+    elif kind == "corrupt config":
+        (directory / "config.json").write_text((directory / "config.json").read_text()[:200])
+    elif kind == "unknown model type":
+        (directory / "config.json").write_text((directory / "config.json").read_text().replace('"llama"', '"nosuch"'))
     else:  # truncated weights
         weights = directory / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
@@ -68,6 +74,9 @@ def broken_model(kind: str, tiny_model: Path, directory: Path) -> Path:
     ("no tokenizer", r"ConfigError: model.path: .*/broken has no tokenizer"),
     ("no weights", r"ConfigError: model.path: .*/broken has no weights \(expected one of model.safetensors"),
     ("truncated weights", r"ConfigError: model.path: cannot load the weights in .*/broken \(model.safetensors\)"),
+    # Not "cannot load the tokenizer": the tokenizer is read first, but config.json is at fault.
+    ("corrupt config", r"ConfigError: model.path: .*/broken/config.json: not valid JSON: Unterminated string .* line 11"),
+    ("unknown model type", r"ConfigError: model.path: .*/broken/config.json: not a usable model config: .* type `nosuch`"),
 ])
 def test_broken_model_directory(kind, expected, capsys, tmp_path, tiny_model, task_files):
     model = broken_model(kind, tiny_model, tmp_path / "broken")
@@ -196,3 +205,126 @@ def test_grpo_policy_with_non_finite_logits_fails_with_one_line_not_a_sampling_t
     assert code == 2
     assert line.startswith("TrainingError: the policy's next-token probabilities are not finite"), line
     assert not (tmp_path / "out" / "model").exists()
+
+
+# ---- issue 24: bad data, a file for a directory, unknown schemes, huge lines, silent damage -------------------
+
+
+def damaged_sft_file(task_files, directory: Path) -> Path:
+    """The tiny task's SFT rows with line 5's completion emptied and a byte that is not UTF-8 on line 8."""
+    lines = task_files["sft_train"].read_bytes().splitlines(keepends=True)
+    lines[4] = b'{"prompt": "0+5=", "completion": ""}\n'
+    lines[7] = lines[7].replace(b'"completion": "', b'"completion": "\xff')
+    path = directory / "damaged.jsonl"
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    (5, "completion is empty: nothing to train on"),
+    (8, "not UTF-8 text: byte 0xff at byte 35 of the line; save the file as UTF-8"),
+])
+def test_a_bad_row_names_its_file_and_line(line, expected, capsys, tmp_path, tiny_model, task_files):
+    data = damaged_sft_file(task_files, tmp_path)
+    if line == 8:  # the empty completion fixed, so that the row after it is the first bad one
+        data.write_bytes(data.read_bytes().replace(b'"completion": ""', b'"completion": "5"'))
+    config = sft(tmp_path / "out", tiny_model, task_files, data={"train_path": str(data), "max_length": 32})
+    code, error = cli(capsys, "sft", config, tmp_path)
+    assert code == 2 and error == f"DataError: {data}:{line}: {expected}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_skip_bad_rows_skips_undecodable_and_empty_rows_and_the_metrics_count_them(capsys, tmp_path, tiny_model,
+                                                                                    task_files):
+    data = damaged_sft_file(task_files, tmp_path)
+    config = sft(tmp_path / "out", tiny_model, task_files,
+                 data={"train_path": str(data), "max_length": 32, "skip_bad_rows": True})
+    assert main(["sft", "--config", str(write_config(tmp_path / "sft.yaml", config))]) == 0
+    assert f"skipping bad row: {data}:5: completion is empty" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "final_metrics.json").read_text())["data/train_skipped"] == 2
+
+
+@pytest.mark.parametrize("place", ["output_dir", "export_dir"])
+def test_a_file_where_a_directory_goes(place, capsys, tmp_path, tiny_model, task_files):
+    (tmp_path / "taken").write_text("not a directory")
+    config = sft(tmp_path / "out", tiny_model, task_files)
+    config[place] = str(tmp_path / "taken") if place == "output_dir" else str(tmp_path / "taken" / "model")
+    code, line = cli(capsys, "sft", config, tmp_path)
+    expected = "is a file, expected a directory" if place == "output_dir" else "is a file, so "
+    assert code == 2 and line.startswith(f"ConfigError: {place}: {tmp_path / 'taken'} {expected}")
+    assert (tmp_path / "taken").read_text() == "not a directory" and not (tmp_path / "out").exists()
+
+
+def test_a_data_path_with_an_unsupported_scheme(capsys, tmp_path, tiny_model, task_files):
+    path = write_config(tmp_path / "sft.yaml", sft(tmp_path / "out", tiny_model, task_files,
+                                                   data={"train_path": "gs://b/x.jsonl"}))
+    capsys.readouterr()
+    assert main(["sft", "--config", str(path)]) == 2
+    heading, problem = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert heading == "ConfigError: invalid config:"
+    assert problem.startswith(f"  {path}:") and "data.train_path is 'gs://b/x.jsonl', expected: a local path" in problem
+    assert problem.endswith("gs:// is not supported")  # not "no such file or directory": never read as a path
+
+
+def test_a_10_mb_line_is_read_in_seconds(capsys, tmp_path, tiny_model, task_files):
+    from trainer.data.dataset import load_sft_dataset
+    from trainer.modeling.models import load_tokenizer
+
+    data = tmp_path / "huge.jsonl"
+    huge = json.dumps({"prompt": "1+2=", "completion": "3" + "1234567890+" * 950_000})  # 10.5 MB
+    data.write_text(task_files["sft_train"].read_text() + huge + "\n")
+    started = time.monotonic()
+    examples = load_sft_dataset(str(data), load_tokenizer(str(tiny_model)), 32, False).examples
+    # Tokenizing the whole line took 22 s on a 2-core machine (and over 240 s under load); the row keeps
+    # only max_length tokens, and only about those are tokenized now (0.07 s).
+    assert time.monotonic() - started < 10
+    assert len(examples) == 81 and len(examples[-1]["input_ids"]) == 32
+    config = sft(tmp_path / "out", tiny_model, task_files, data={"train_path": str(data), "max_length": 32})
+    assert main(["sft", "--config", str(write_config(tmp_path / "sft.yaml", config))]) == 0
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(("lr", "warning"), [(1e6, "loss did not fall over the run"), (2e-3, None)])
+def test_a_loss_that_does_not_fall_is_a_warning_in_the_log_the_final_metrics_and_the_report(
+        lr, warning, capsys, tmp_path, tiny_model, task_files):
+    from components.launcher.stage_job import stage_report
+
+    # 8 steps, each logged. lr 1e6: one step to finite but ruined weights (a uniform next-token distribution),
+    # then flat: 4.668, 4.615, 4.615, ... Exported all the same (exit 0): the user decides.
+    config = sft(tmp_path / "out", tiny_model, task_files, optimizer={"lr": lr, "warmup_steps": 0},
+                 train={"max_steps": 8, "micro_batch_size": 8, "log_interval": 1},
+                 data={"train_path": str(task_files["sft_train"]), "eval_path": str(task_files["sft_eval"]),
+                       "max_length": 32})
+    capsys.readouterr()
+    assert main(["sft", "--config", str(write_config(tmp_path / "sft.yaml", config))]) == 0
+    logged = [line for line in capsys.readouterr().err.splitlines() if " WARNING " in line and "loss " in line]
+    final = json.loads((tmp_path / "out" / "final_metrics.json").read_text())
+    report = stage_report("sft", config, final, str(tmp_path / "out"))
+    if warning is None:
+        assert logged == [] and "warnings" not in final and "## Warnings" not in report
+    else:
+        assert len(logged) == 1 and warning in logged[0]
+        assert len(final["warnings"]) == 1 and final["warnings"][0].startswith(warning)
+        assert f"## Warnings\n\n- **Warning:** {warning}" in report
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+    # One metrics line per step: the epoch's eval at step 8 joins that step's line.
+    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+
+
+def test_the_asynchronous_trainer_writes_one_metrics_line_per_step(tmp_path, tiny_model, task_files):
+    # A checkpoint every step: its save time used to be a second line for the step.
+    train_on_batches(engine_config(tmp_path, tiny_model, task_files, total_steps=2, save_interval=1), 2)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all("loss" in line and "time/save_checkpoint" in line for line in lines)
+
+
+def test_a_bad_eval_row_of_an_online_stage_fails_before_anything_is_written(capsys, tmp_path, tiny_model, task_files):
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": ""}\n')
+    config = stage_dict("grpo", tmp_path / "out", tiny_model, task_files["prompts"], prompts,
+                        reward={"function": "trainer.tiny.task:reward"})
+    code, line = cli(capsys, "grpo", config, tmp_path)
+    assert code == 2 and line == f"DataError: {prompts}:2: prompt is empty"
+    assert not (tmp_path / "out").exists()  # no lease, no config.yaml: the outputs were never opened

@@ -57,6 +57,21 @@ def test_unknown_key_names_file_line_and_dotted_key(tmp_path):
     assert problems(err) == [f"{path}:4: unknown key model.bogus"]
 
 
+@pytest.mark.parametrize(("old", "new", "line", "key"), [
+    ("data/train.jsonl", "gs://b/x.jsonl", 6, "data.train_path"),
+    ("models/tiny", "https://hub.example/tiny", 3, "model.path"),
+    ("output_dir: out", "output_dir: gs://b/run", 1, "output_dir"),
+])
+def test_a_location_with_a_scheme_no_storage_serves_names_line_key_and_scheme(tmp_path, old, new, line, key):
+    path = write_yaml(tmp_path, VALID_DPO.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_config("dpo", path)
+    value = new.removeprefix("output_dir: ")
+    assert problems(err) == [f"{path}:{line}: {key} is {value!r}, expected: a local path, file://, s3:// or minio:// "
+                             f"(with AWS_ENDPOINT_URL pointing at the MinIO service); {value.split('://')[0]}:// "
+                             "is not supported"]
+
+
 def test_unknown_top_level_section_is_an_error(tmp_path):
     path = write_yaml(tmp_path, VALID_DPO + "ppo:\n  kl_coef: 0.1\n")
     with pytest.raises(ConfigError) as err:

@@ -32,7 +32,8 @@ Deliberate differences from the seed, and why:
 
 Metrics logged each step: the engine's (`TorchTrainEngine` lists them), `time/train_step`,
 `time/sync_weight`, `time/trainer_sync_interval`, `time/save_checkpoint`, `staleness/rejected`
-and `buffer/position` (the number of the buffer batch the step trained on).
+and `buffer/position` (the number of the buffer batch the step trained on). The metrics file has
+one line per step: a save's time, and batches rejected after a step, join that step's line.
 """
 
 from __future__ import annotations

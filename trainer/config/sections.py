@@ -11,6 +11,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from trainer.storage.base import SUPPORTED_LOCATIONS, unsupported_scheme
+
 
 def _admits_bool(annotation: Any) -> bool:
     """Whether a field typed `annotation` may hold True/False (pydantic would read True as 1 for an int)."""
@@ -24,9 +26,15 @@ def _admits_bool(annotation: Any) -> bool:
     return False
 
 
+def _names_a_location(field_name: str) -> bool:
+    """Whether a field holds a path or storage URI: `path`, `*_path` and `*_dir` fields, by the config's naming rule."""
+    return field_name == "path" or field_name.endswith(("_path", "_dir"))
+
+
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are re-validated, and a
-    boolean is never accepted as a number (`micro_batch_size: true` is an error, not 1)."""
+    """Base of every config section: unknown keys are errors, assignments are re-validated, a
+    boolean is never accepted as a number (`micro_batch_size: true` is an error, not 1), and a
+    location (`path`, `*_path`, `*_dir`) with a scheme no storage serves (`gs://`) is refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -35,6 +43,16 @@ class Section(BaseModel):
     def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool) and not _admits_bool(cls.model_fields[info.field_name].annotation):
             raise ValueError("a number, not a boolean")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _known_storage_scheme(cls, value: Any, info: ValidationInfo) -> Any:
+        # Otherwise `gs://b/x.jsonl` would be read as a relative local path and reported as missing.
+        if isinstance(value, str) and _names_a_location(info.field_name):
+            scheme = unsupported_scheme(value)
+            if scheme:
+                raise ValueError(f"{SUPPORTED_LOCATIONS}; {scheme} is not supported")
         return value
 
 

@@ -1,7 +1,8 @@
 """Read rows from JSONL, Parquet or a local HF `datasets` directory, each with its location.
 
 Every row comes with a `where` string (`file:line` for JSONL, `file:row N` otherwise) so a later
-schema error can point at it.
+schema error can point at it. JSONL is UTF-8 (as JSON requires): a line that is not, like a line
+that is not JSON, is a bad row.
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ def _format(path: Path) -> str | None:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, object]]:
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+    # Bytes, decoded line by line: a line that is not UTF-8 is a bad row with its line number (which
+    # `skip_bad_rows` can skip), not a UnicodeDecodeError that ends the whole file.
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                yield where, json.loads(line)
+                yield where, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                yield where, DataError(f"{where}: not UTF-8 text: byte 0x{raw[err.start]:02x} at byte {err.start + 1} "
+                                       "of the line; save the file as UTF-8")
             except json.JSONDecodeError as err:
                 yield where, DataError(f"{where}: invalid JSON: {err.msg} at column {err.colno}")
 

@@ -1,9 +1,11 @@
 """Row schemas of the three dataset kinds, checked before tokenization.
 
 - SFT: `messages` (a list of `{role, content}` with at least one assistant turn), or
-  `prompt` + `completion` (both strings, or both lists of messages). A string response
-  (`completion`, `chosen`, `rejected`) may be empty: it is then just EOS.
+  `prompt` + `completion` (both strings, or both lists of messages). The text trained on (the
+  completion, or the assistant turns) must not be empty or blank: such a row teaches nothing but
+  to stop, and is usually a broken export.
 - preference: `prompt`, `chosen`, `rejected` (strings, or lists of messages); optional number `margin`.
+  A string `chosen` or `rejected` may be empty (a refusal to answer): it is then just EOS.
 - prompts: `prompt` (string or messages); optional `answer` (string).
 """
 
@@ -35,7 +37,8 @@ def _check_text_or_messages(row: dict, field: str) -> str | None:
     if value is None:
         return f"missing field {field!r}"
     if isinstance(value, str):
-        # An empty response is a real answer (just EOS), e.g. a refusal to answer; a prompt is not.
+        # An empty preference response is a real answer (just EOS), e.g. a refusal; a prompt is not (nor is an
+        # SFT completion: `_check_trained_text`).
         return None if value or field in RESPONSE_FIELDS else f"{field} is empty"
     return _check_messages(value, field)
 
@@ -46,16 +49,24 @@ def check_sft_row(row: Any) -> str | None:
         return f"expected an object, found {type(row).__name__}"
     # Columnar files (Parquet, datasets) give a missing column as None: treat it as absent.
     if row.get("messages") is not None:
-        problem = _check_messages(row["messages"], "messages")
-        if problem is None and not any(m["role"] == "assistant" for m in row["messages"]):
-            problem = "messages has no assistant turn to train on"
-        return problem
+        return _check_messages(row["messages"], "messages") or _check_trained_text(row["messages"], "messages")
     if row.get("prompt") is not None or row.get("completion") is not None:
         problem = _check_text_or_messages(row, "prompt") or _check_text_or_messages(row, "completion")
         if problem is None and isinstance(row["prompt"], str) != isinstance(row["completion"], str):
             problem = "prompt and completion must both be strings or both be message lists"
-        return problem
+        return problem or _check_trained_text(row["completion"], "completion")
     return "expected 'messages', or 'prompt' and 'completion'"
+
+
+def _check_trained_text(value: str | list[dict], field: str) -> str | None:
+    """Why an SFT row's trained text (a string, or the assistant turns of a message list) is empty, or None."""
+    texts = [value] if isinstance(value, str) else [m["content"] for m in value if m["role"] == "assistant"]
+    if not texts:
+        return f"{field} has no assistant turn to train on"
+    if any(text.strip() for text in texts):
+        return None
+    where = field if isinstance(value, str) else f"every assistant turn of {field}"
+    return f"{where} is empty: nothing to train on"
 
 
 def check_preference_row(row: Any) -> str | None:

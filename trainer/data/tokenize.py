@@ -3,7 +3,8 @@
 Plain strings are concatenated as they are (prompt, then completion, then EOS). Message lists go
 through the tokenizer's chat template; the text of each turn is found by rendering growing prefixes
 of the conversation, so only assistant turns (not their role headers) are trained on.
-Labels use -100 for tokens that carry no loss, as Hugging Face models expect.
+Labels use -100 for tokens that carry no loss, as Hugging Face models expect. A sequence is cut at
+`max_length` tokens, and text past the cut is not tokenized at all (see `_leading_ids`).
 """
 
 from __future__ import annotations
@@ -42,18 +43,38 @@ def _chat_segments(tokenizer: Any, messages: list[dict]) -> list[tuple[str, bool
     return segments
 
 
+# A text much longer than a row can keep is tokenized by growing prefixes, starting at this many
+# characters per token still wanted (tokens seldom span more), until the prefix yields the tokens
+# wanted plus a margin: tokens that far before the cut do not depend on the text after it.
+CHARS_PER_TOKEN = 8
+CUT_MARGIN_TOKENS = 16
+
+
 def _ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def _leading_ids(tokenizer: Any, text: str, limit: int) -> list[int]:
+    """The first `limit` token ids of `text`, tokenizing no more of it than that takes (a 10 MB line
+    costs about what `limit` tokens cost, not what its millions of tokens would)."""
+    length = (limit + CUT_MARGIN_TOKENS) * CHARS_PER_TOKEN
+    while length < len(text):
+        ids = _ids(tokenizer, text[:length])
+        if len(ids) >= limit + CUT_MARGIN_TOKENS:
+            return ids[:limit]
+        length *= 4
+    return _ids(tokenizer, text)[:limit]
 
 
 def _encode_segments(tokenizer: Any, segments: list[tuple[str, bool]], max_length: int) -> dict[str, list[int]]:
     input_ids: list[int] = []
     labels: list[int] = []
     for text, is_trained in segments:
-        ids = _ids(tokenizer, text)
+        if len(input_ids) >= max_length:
+            break  # truncated here: the rest is never tokenized
+        ids = _leading_ids(tokenizer, text, max_length - len(input_ids))
         input_ids.extend(ids)
         labels.extend(ids if is_trained else [IGNORE_INDEX] * len(ids))
-    input_ids, labels = input_ids[:max_length], labels[:max_length]
     if all(label == IGNORE_INDEX for label in labels[1:]):
         raise DataError(f"no completion tokens left within max_length={max_length}")
     return {"input_ids": input_ids, "labels": labels}

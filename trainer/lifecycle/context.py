@@ -15,7 +15,6 @@ What a stage trains, and how, lives in `trainer/supervised/` and `trainer/online
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from torch import nn
 
 from trainer.checkpointing.checkpoint import CheckpointManager, one_line
 from trainer.config import STAGE_CONFIGS, StageConfig, as_dict, dump_config
+from trainer.data.dataset import LoadedDataset
 from trainer.errors import AlignflowError, CheckpointError, ConfigError, TrainingError
 from trainer.jsonio import dumps
 from trainer.lifecycle import preemption
@@ -48,6 +48,7 @@ from trainer.runtime import (
 from trainer.storage import get_storage, is_remote, join_uri
 from trainer.storage.local import local_path
 from trainer.storage.transfer import cache_root, upload_dir
+from trainer.tracking.history import logged_at, loss_warnings, read_history
 from trainer.tracking.tracker import NullTracker, Tracker, build_tracker, mlflow_run_id
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class RunContext:
     fingerprint: dict[str, Any] | None = None
     """This run's fingerprint if vetting `output_dir` computed it (`trainer.lifecycle.resume.run_fingerprint`)."""
     lease: Lease | None = None
+    skipped_rows: dict[str, int] = field(default_factory=dict)
+    """Bad rows skipped under `data.skip_bad_rows`, per dataset (`train`, `eval`, `ptx`): see `examples_of`."""
 
     @property
     def output_uri(self) -> str:
@@ -144,6 +147,12 @@ def _vet(config: StageConfig, booster: Booster) -> tuple[list[str], dict[str, An
     Lease(output_uri, config.checkpoint.lease_timeout_seconds).check_free()
     checkpoints = CheckpointManager(join_uri(output_uri, "checkpoints"), booster)
     return vet_output_dir(config, stage_name(config), checkpoints, booster.plugin.world_size)
+
+
+def examples_of(context: RunContext, name: str, loaded: LoadedDataset) -> list:
+    """`loaded`'s examples; under `data.skip_bad_rows` its skipped rows become final metric `data/<name>_skipped`."""
+    context.skipped_rows[name] = loaded.num_skipped
+    return loaded.examples
 
 
 def open_outputs(context: RunContext) -> None:
@@ -234,20 +243,20 @@ def _stamp(context: RunContext, checkpoints: CheckpointManager) -> None:
 
 
 def finish_stage(context: RunContext, exports: dict[str, nn.Module], metrics: dict[str, float], step: int,
-                 samples: list[dict] | None = None) -> None:
+                 samples: list[dict] | None = None, loss_key: str | None = None) -> None:
     """Export each trained model (`{"model": actor, "critic": critic}`) as an HF directory, write
     `final_metrics.json` (and `samples.jsonl`), log eval metrics and the model, and publish.
 
     A model with a non-finite weight is never exported (TrainingError, nothing written). Metrics the
     caller does not have (a resume at the last step trains nothing) come from the run's history.
+    With `loss_key`, a curve of that metric that did not fall, or grew by orders of magnitude, is
+    logged as a warning and listed under `warnings` in the final metrics (`trainer.tracking.history`).
+    Under `data.skip_bad_rows` the rows skipped per dataset are final metrics `data/<name>_skipped`.
     """
     states = {name: context.booster.full_state_dict(model) for name, model in exports.items()}  # collectives
     run_on_main(context.env, lambda: check_finite(states))
-    evaluation = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-    if evaluation:
-        context.tracker.log_metrics(evaluation, step)
     if context.env.is_main_process:
-        metrics = completed_metrics(context.output_dir / METRICS_FILE, metrics, step)
+        metrics = _final_metrics(context, metrics, step, loss_key)
         lora = context.config.model.lora
         for name, model in exports.items():
             scale = lora.alpha / lora.r if lora and name == "model" else None
@@ -261,6 +270,27 @@ def finish_stage(context: RunContext, exports: dict[str, nn.Module], metrics: di
     publish_outputs(context, tuple(exports))
 
 
+def _final_metrics(context: RunContext, metrics: dict[str, Any], step: int, loss_key: str | None) -> dict[str, Any]:
+    """`metrics` completed from the history at `step`, with skipped-row counts and loss warnings (rank 0).
+
+    Eval metrics the loop has not logged yet (the online stages' `eval/reward`) are logged at `step`.
+    """
+    history = read_history(context.output_dir / METRICS_FILE)
+    logged = logged_at(history, step)
+    evaluation = {key: value for key, value in metrics.items() if key.startswith("eval/") and key not in logged}
+    if evaluation:
+        context.tracker.log_metrics(evaluation, step)
+    final = {**metrics, **{key: value for key, value in logged.items() if key not in metrics}}
+    if context.config.data.skip_bad_rows:
+        final.update({f"data/{name}_skipped": float(count) for name, count in context.skipped_rows.items()})
+    warnings = loss_warnings(history, loss_key) if loss_key else []
+    for warning in warnings:
+        logger.warning("%s", warning)
+    if warnings:
+        final["warnings"] = warnings
+    return final
+
+
 def check_finite(states: dict[str, dict[str, torch.Tensor]]) -> None:
     """TrainingError naming the first tensor with NaN/inf values, if any (rank 0 holds full states)."""
     for name, state in states.items():
@@ -269,23 +299,6 @@ def check_finite(states: dict[str, dict[str, torch.Tensor]]) -> None:
         if bad:
             raise TrainingError(f"the trained {name} has non-finite (NaN/inf) values in {len(bad)} of {len(state)} "
                                 f"tensors (first: {bad[0]}); it is not exported. Lower optimizer.lr or check the data")
-
-
-def completed_metrics(history: Path, metrics: dict[str, float], step: int) -> dict[str, float]:
-    """`metrics`, plus any key the run logged at `step` (its last) that `metrics` lacks."""
-    merged = dict(metrics)
-    if not history.is_file():
-        return merged
-    for line in history.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("step") == step:
-            for key, value in record.items():
-                if key != "step" and value is not None:
-                    merged.setdefault(key, value)
-    return merged
 
 
 def close_context(context: RunContext) -> None:

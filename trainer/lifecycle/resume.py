@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpointing.checkpoint import MANIFEST_FILE, STATE_FILE, CheckpointManager
-from trainer.config import StageConfig, as_dict
+from trainer.config import EvaluateConfig, StageConfig, as_dict
 from trainer.errors import CheckpointError, ConfigError, RunFinished
 from trainer.lifecycle.data_identity import content_identity
 from trainer.storage import get_storage, is_remote, join_uri
+from trainer.storage.local import directory_problem
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,16 @@ def existing_outputs(output_uri: str) -> list[str]:
     return found
 
 
+def check_output_directories(config: StageConfig | EvaluateConfig) -> None:
+    """ConfigError naming the key if a local `output_dir` or `export_dir` is a file, or lies below one: the
+    first write there would fail after the model and data loaded (or, for `export_dir`, after training)."""
+    for key in ("output_dir", "export_dir"):
+        uri = getattr(config, key, None)  # `evaluate` has no export_dir
+        problem = directory_problem(uri) if uri and not is_remote(uri) else None
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+
+
 def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManager,
                    world_size: int) -> tuple[list[str], dict[str, Any], dict[str, Any] | None]:
     """Decide what this run does with what `output_dir` holds.
@@ -138,9 +149,11 @@ def vet_output_dir(config: StageConfig, stage: str, checkpoints: CheckpointManag
 
     Raises:
         RunFinished: The directory holds a finished run and `checkpoint.resume` is on.
-        ConfigError: `checkpoint.resume` is off, the directory holds a run, and `overwrite` is off.
+        ConfigError: `checkpoint.resume` is off, the directory holds a run, and `overwrite` is off; or
+            `output_dir` or `export_dir` is a local file (`check_output_directories`).
         CheckpointError: The checkpoint belongs to another run or another world size, or none is usable.
     """
+    check_output_directories(config)
     output_uri = config.output_dir.rstrip("/")
     options = config.checkpoint
     found = existing_outputs(output_uri)

@@ -69,7 +69,23 @@ def _check_path(path: str, key: str = "model.path") -> Path:
     directory = cached_copy(path)
     if not (directory / "config.json").is_file():
         raise ConfigError(f"{key}: {path} is not a local Hugging Face model directory (no config.json)")
+    _check_model_config(directory / "config.json", key)
     return directory
+
+
+def _check_model_config(config_file: Path, key: str) -> None:
+    """ConfigError naming `config.json` when it cannot be read: the tokenizer reads it first, and would be blamed."""
+    from transformers import AutoConfig
+
+    try:
+        if not isinstance(json.loads(config_file.read_bytes()), dict):
+            raise ConfigError(f"{key}: {config_file}: expected a JSON object")
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"{key}: {config_file}: not valid JSON: {err}") from err
+    try:
+        AutoConfig.from_pretrained(str(config_file.parent), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # e.g. a model_type transformers does not know
+        raise ConfigError(f"{key}: {config_file}: not a usable model config: {_first_line(err)}") from err
 
 
 def load_tokenizer(path: str) -> Any:

@@ -21,6 +21,7 @@ from torch import nn
 
 from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
+from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
 from trainer.online.engines import RolloutEngine
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
@@ -84,6 +85,7 @@ def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[An
 
 def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     """Score the candidate (and the baseline) and write the results to `output_dir`; returns the metrics."""
+    check_output_directories(config)  # before the generation it would otherwise throw away
     env = read_distributed_env()
     device = pick_device(env)
     init_process_group(env, device)

@@ -21,6 +21,7 @@ from trainer.lifecycle.context import (
     RunContext,
     build_context,
     close_context,
+    examples_of,
     finish_stage,
     open_outputs,
     resume_latest,
@@ -76,7 +77,8 @@ def boost_critic(context: RunContext, critic_model: nn.Module, config: PPOConfig
 def build_online_trainer(config: OnlineStageConfig, context: RunContext,
                          stop_after_episodes: int | None = None) -> PPOTrainer:
     """Everything the colocated loop needs, loaded (data first) and boosted; outputs opened."""
-    prompts = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
+    prompts = examples_of(context, "train", load_rows(config.data.train_path, "prompt",
+                                                      skip_bad_rows=config.data.skip_bad_rows))
     ptx_batches = load_ptx_batches(config, context)
     # Under FSDP2 every model loads straight into shards (no rank holds any of them whole). Their forwards
     # are then collectives: each rank generates (synced_gpus), scores and runs the reference on its own
@@ -105,8 +107,8 @@ def load_ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dic
     """PPO's pretraining (SFT) batches for the ptx loss, in micro-batches; empty without `ppo.ptx_data_path`."""
     if not isinstance(config, PPOConfig) or config.ppo.ptx_data_path is None:
         return []
-    examples = load_sft_dataset(config.ppo.ptx_data_path, context.tokenizer, config.data.max_length,
-                                config.data.skip_bad_rows).examples
+    examples = examples_of(context, "ptx", load_sft_dataset(config.ppo.ptx_data_path, context.tokenizer,
+                                                            config.data.max_length, config.data.skip_bad_rows))
     size = config.train.micro_batch_size
     return [pad_sft(examples[i:i + size], context.tokenizer.pad_token_id) for i in range(0, len(examples), size)]
 
@@ -120,10 +122,11 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
     """
     context = build_context(config)
     try:
-        trainer = build_online_trainer(config, context, stop_after_episodes)
         eval_rows = None
-        if config.data.eval_path:
-            eval_rows = load_rows(config.data.eval_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
+        if config.data.eval_path:  # before the trainer opens the outputs: a bad row leaves nothing written
+            eval_rows = examples_of(context, "eval", load_rows(config.data.eval_path, "prompt",
+                                                               skip_bad_rows=config.data.skip_bad_rows))
+        trainer = build_online_trainer(config, context, stop_after_episodes)
         metrics: dict[str, float] = {}
         resumed = resume_latest(context, trainer.checkpoints, trainer.components(), trainer.restore)
         if not resumed and eval_rows:

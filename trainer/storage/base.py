@@ -53,6 +53,25 @@ def is_remote(uri: str | Path) -> bool:
     return str(uri).startswith(S3_SCHEMES)
 
 
+# What a storage URI may be, for messages.
+SUPPORTED_LOCATIONS = "a local path, file://, s3:// or minio:// (with AWS_ENDPOINT_URL pointing at the MinIO service)"
+
+
+def unsupported_scheme(uri: str | Path) -> str | None:
+    """The scheme (`gs://`, `https://`, ...) of a `uri` no backend serves, or None for a path or a known scheme."""
+    text = str(uri)
+    if "://" not in text or text.startswith(("file://", *S3_SCHEMES)):
+        return None
+    return text.split("://", 1)[0] + "://"
+
+
+def check_scheme(uri: str | Path) -> None:
+    """StorageError naming `uri` if no backend serves its scheme (so it is never mistaken for a local path)."""
+    scheme = unsupported_scheme(uri)
+    if scheme:
+        raise StorageError(f"{uri}: unsupported URI scheme {scheme}; expected {SUPPORTED_LOCATIONS}")
+
+
 def join_uri(base: str | Path, *parts: str) -> str:
     """`base/part/part` for local paths and URIs alike."""
     text = str(base).rstrip("/")
@@ -66,10 +85,7 @@ def get_storage(uri: str | Path) -> Storage:
         from trainer.storage.s3 import S3Storage
 
         return S3Storage.shared()
-    if "://" in text and not text.startswith("file://"):
-        scheme = text.split("://", 1)[0]
-        raise StorageError(f"{text}: unsupported URI scheme {scheme}://; expected a local path, file://, s3:// "
-                           "or minio:// (with AWS_ENDPOINT_URL pointing at the MinIO service)")
+    check_scheme(text)
     from trainer.storage.local import LocalStorage
 
     return LocalStorage()

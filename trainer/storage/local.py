@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from trainer.errors import StorageError
+from trainer.storage.base import check_scheme
 
 
 def default_file_mode() -> int:
@@ -42,8 +43,24 @@ def give_default_mode(*paths: Path) -> None:
 
 
 def local_path(uri: str | Path) -> Path:
+    """The path of a local `uri` (a plain path or `file://`); any other scheme is refused, never read as a path."""
     text = str(uri)
-    return Path(text[len("file://"):] if text.startswith("file://") else text)
+    if text.startswith("file://"):
+        return Path(text[len("file://"):])
+    check_scheme(text)
+    return Path(text)
+
+
+def directory_problem(uri: str | Path) -> str | None:
+    """Why the local `uri` cannot be or become a directory (it, or a folder above it, is a file), or None."""
+    path = local_path(uri)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if candidate.is_dir():
+                return None
+            return f"{path} is a file, expected a directory" if candidate == path else \
+                f"{candidate} is a file, so {path} cannot be a directory below it"
+    return None
 
 
 class LocalStorage:

@@ -29,6 +29,7 @@ from trainer.lifecycle.context import (
     RunContext,
     build_context,
     close_context,
+    examples_of,
     finish_stage,
     open_outputs,
     resume_latest,
@@ -62,19 +63,21 @@ class StageParts:
 # -- per-stage parts ----------------------------------------------------------------------------
 
 
-def _load_split(loader: Callable, path: str | None, context: RunContext) -> list[dict] | None:
+def _load_split(loader: Callable, name: str, context: RunContext) -> list[dict] | None:
+    """The `train` or `eval` split (`data.<name>_path`), or None when that path is unset."""
+    data = context.config.data
+    path = getattr(data, f"{name}_path")
     if path is None:
         return None
-    data = context.config.data
-    return loader(path, context.tokenizer, data.max_length, data.skip_bad_rows).examples
+    return examples_of(context, name, loader(path, context.tokenizer, data.max_length, data.skip_bad_rows))
 
 
 def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     pad_id = context.tokenizer.pad_token_id
     collate = functools.partial(pack_sft if config.sft.packing else pad_sft, pad_token_id=pad_id)
     # Data first: a bad row should fail before a large model spends time loading.
-    train = _load_split(load_sft_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_sft_dataset, config.data.eval_path, context)
+    train = _load_split(load_sft_dataset, "train", context)
+    evaluation = _load_split(load_sft_dataset, "eval", context)
     return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, SFTObjective())
 
 
@@ -84,8 +87,8 @@ def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[di
 
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
     collate = _preference_collate(config.rm.packing, context)
-    train = _load_split(load_preference_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    train = _load_split(load_preference_dataset, "train", context)
+    evaluation = _load_split(load_preference_dataset, "eval", context)
     model = load_value_model(config.model, plugin=context.plugin)
     if config.rm.packing:
         use_varlen_attention(model)
@@ -95,8 +98,8 @@ def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     options = config.dpo
     collate = _preference_collate(options.packing, context)
-    train = _load_split(load_preference_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    train = _load_split(load_preference_dataset, "train", context)
+    evaluation = _load_split(load_preference_dataset, "eval", context)
     reference = None
     if options.loss_type != "simpo" and not options.reference_free:
         # Sharded under FSDP2 when it runs beside the policy (every rank, every step: its all-gathers line
@@ -180,7 +183,7 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
             logger.info("%s", stop)
             return StageResult(trainer.last_metrics, model)
         metrics = {**trainer.last_metrics, **trainer.eval_metrics, "global_step": trainer.global_step}
-        finish_stage(context, {"model": model}, metrics, trainer.global_step)
+        finish_stage(context, {"model": model}, metrics, trainer.global_step, loss_key="loss")
         return StageResult(metrics, model)
     finally:
         close_context(context)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,25 +51,44 @@ class NullTracker:
 
 
 class JsonlTracker:
-    """Appends `{"step": N, ...metrics}` lines to `<output_dir>/metrics.jsonl`; params to `params.json`.
+    """Writes `{"step": N, ...metrics}` lines to `<output_dir>/metrics.jsonl`; params to `params.json`.
 
-    The metrics file is opened at the first `log_metrics`, so a resume can first set the history it
-    continues (`trainer.lifecycle.resume.restore_history`).
+    One line per step: metrics logged again for the step of the last line (an epoch's eval after its
+    last step, a checkpoint's save time) are merged into that line, which is rewritten, so anything
+    keyed by step reads each step once. The metrics file is opened at the first `log_metrics`, so a
+    resume can first set the history it continues (`trainer.lifecycle.resume.restore_history`).
     """
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self._handle = None
+        self._last_offset = 0
+        self._last: dict[str, Any] | None = None
 
     def log_params(self, params: dict[str, Any]) -> None:
         (self.directory / "params.json").write_text(dumps(redact_params(params), indent=2, default=str))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._handle is None:
-            self._handle = (self.directory / "metrics.jsonl").open("a")
-        self._handle.write(dumps({"step": step, **metrics}) + "\n")
+            self._open()
+        if self._last is not None and self._last.get("step") == step:
+            record = {**self._last, **metrics}
+            self._handle.truncate(self._last_offset)  # the append below rewrites the step's line
+        else:
+            record = {"step": step, **metrics}
+            self._last_offset = self._handle.seek(0, os.SEEK_END)
+        self._handle.write((dumps(record) + "\n").encode())
         self._handle.flush()
+        self._last = record
+
+    def _open(self) -> None:
+        path = self.directory / "metrics.jsonl"
+        path.touch()
+        self._last_offset, self._last, is_cut = last_record(path)
+        self._handle = path.open("ab")
+        if is_cut:
+            self._handle.write(b"\n")  # after a line cut by a kill (kept, unparsable), not onto it
 
     def log_model(self, directory: Path) -> None:
         pass
@@ -77,6 +97,25 @@ class JsonlTracker:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def last_record(path: Path, tail_bytes: int = 1 << 16) -> tuple[int, dict[str, Any] | None, bool]:
+    """(offset of the last line, its record, whether the file ends inside a line) of a metrics file. The record
+    is None when the file is empty or its last line is not a complete JSON object: nothing is merged into it."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = handle.seek(max(0, size - tail_bytes))
+        tail = handle.read()
+    if not tail.endswith(b"\n"):
+        return size, None, bool(tail)
+    cut = tail.rfind(b"\n", 0, len(tail) - 1)
+    if cut < 0 and start > 0:
+        return size, None, False  # a last line longer than the tail read
+    try:
+        record = json.loads(tail[cut + 1:])
+    except ValueError:
+        return size, None, False
+    return start + cut + 1, record if isinstance(record, dict) else None, False
 
 
 class ContinuedRun:

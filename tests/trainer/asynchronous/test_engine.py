@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,8 @@ def test_batches_are_deleted_only_under_a_checkpoint_and_a_resumed_trainer_reads
     assert (run / "model" / "model.safetensors").is_file()
 
 
-def test_an_explorer_failure_stops_the_trainer_after_a_checkpoint_of_its_steps(tmp_path, tiny_model, task_files):
-    config = engine_config(tmp_path, tiny_model, task_files)
+def train_on_batches(config, num_batches: int, end: Callable[[QueueBuffer], None] = QueueBuffer.close) -> None:
+    """Run a `Trainer` on `num_batches` batches an in-process explorer made up front, then `end(queue)`."""
     queue, synchronizer = QueueBuffer(), Synchronizer()
     explorer = Explorer(config, buffer=queue, synchronizer=synchronizer)
 
@@ -134,15 +135,20 @@ def test_an_explorer_failure_stops_the_trainer_after_a_checkpoint_of_its_steps(t
         try:
             await trainer.prepare()
             explorer.refresh_weights(0)
-            for _ in range(3):
+            for _ in range(num_batches):
                 queue.put(explorer.make_batch())
-            queue.fail("RewardError: the reward function raised")
+            end(queue)
             await trainer.train()
         finally:
             await trainer.shutdown()
 
+    asyncio.run(train())
+
+
+def test_an_explorer_failure_stops_the_trainer_after_a_checkpoint_of_its_steps(tmp_path, tiny_model, task_files):
+    config = engine_config(tmp_path, tiny_model, task_files)
     with pytest.raises(ExplorerError, match="the explorer failed: RewardError: the reward function raised"):
-        asyncio.run(train())
+        train_on_batches(config, 3, lambda queue: queue.fail("RewardError: the reward function raised"))
     assert trainer_state(tmp_path / "run", 3)["buffer_position"] == 3  # the three steps trained are kept
     assert not (tmp_path / "run" / "model").exists()  # a failed run is not exported
 

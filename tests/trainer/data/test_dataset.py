@@ -163,6 +163,23 @@ def test_invalid_json_line_names_file_and_line(tmp_path):
         load_rows(str(path), "sft", skip_bad_rows=False)
 
 
+def test_a_line_that_is_not_utf8_is_a_bad_row_naming_file_and_line(tmp_path, tokenizer):
+    path = tmp_path / "rows.jsonl"
+    good = [json.dumps(row).encode() for row in SFT_STRING_ROWS]
+    path.write_bytes(b"\n".join([good[0], b'{"prompt": "a", "completion": "b\xff"}', good[1]]) + b"\n")
+    with pytest.raises(DataError, match=rf"^{path}:2: not UTF-8 text: byte 0xff at byte 33 of the line"):
+        load_rows(str(path), "sft", skip_bad_rows=False)
+    dataset = load_sft_dataset(str(path), tokenizer, MAX_LENGTH, True)  # the rest of the file still reads
+    assert dataset.num_skipped == 1 and len(dataset.examples) == 2
+
+
+def test_an_empty_preference_response_is_an_answer(tmp_path, tokenizer):
+    row = {"prompt": "Say something rude: ", "chosen": "", "rejected": "no"}  # a refusal, trained as EOS
+    (example,) = load_preference_dataset(str(write_jsonl(tmp_path / "rows.jsonl", [row])), tokenizer, MAX_LENGTH,
+                                         False).examples
+    assert labelled_ids(example["chosen_input_ids"], example["chosen_labels"]) == [tokenizer.eos_token_id]
+
+
 def test_blank_lines_are_ignored_but_still_counted_in_line_numbers(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(SFT_STRING_ROWS[0]) + "\n\n" + json.dumps({"prompt": "a"}) + "\n")
@@ -185,9 +202,16 @@ def test_blank_lines_are_ignored_but_still_counted_in_line_numbers(tmp_path):
          "margin is True, expected a number"),
         ("prompt", [{"prompt": "p"}], {"prompt": "p", "answer": 4}, "answer is 4, expected a string"),
         ("sft", SFT_STRING_ROWS, ["not", "an", "object"], "expected an object, found list"),
+        ("sft", SFT_STRING_ROWS, {"prompt": "a", "completion": ""}, "completion is empty: nothing to train on"),
+        ("sft", SFT_STRING_ROWS, {"prompt": "a", "completion": " \n"}, "completion is empty: nothing to train on"),
+        ("sft", SFT_MESSAGE_ROWS, {"messages": [user("q"), assistant(""), user("q2"), assistant(" ")]},
+         "every assistant turn of messages is empty: nothing to train on"),
+        ("sft", SFT_MESSAGE_ROWS, {"prompt": [user("q")], "completion": [user("not an answer")]},
+         "completion has no assistant turn to train on"),
     ],
     ids=["missing-completion", "bad-role", "no-assistant", "mixed-kinds", "margin-string", "margin-bool",
-         "answer-not-string", "not-an-object"],
+         "answer-not-string", "not-an-object", "empty-completion", "blank-completion", "empty-assistant-turns",
+         "completion-without-assistant"],
 )
 def test_schema_bad_row_names_file_line_and_problem(tmp_path, schema, good_rows, bad_row, expected):
     path = write_jsonl(tmp_path / "rows.jsonl", [good_rows[0], good_rows[-1], bad_row])
