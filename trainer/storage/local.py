@@ -11,9 +11,11 @@ an output a pod writes as its own user can be read by the next one, as the other
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainer.errors import StorageError
@@ -52,15 +54,28 @@ def local_path(uri: str | Path) -> Path:
 
 
 def directory_problem(uri: str | Path) -> str | None:
-    """Why the local `uri` cannot be or become a directory (it, or a folder above it, is a file), or None."""
+    """Why the local `uri` cannot be or become a directory this process writes in (it, or a folder above it, is a
+    file, or the nearest existing folder is not writable by this user), or None."""
     path = local_path(uri)
     for candidate in (path, *path.parents):
         if candidate.exists():
-            if candidate.is_dir():
-                return None
-            return f"{path} is a file, expected a directory" if candidate == path else \
-                f"{candidate} is a file, so {path} cannot be a directory below it"
+            if not candidate.is_dir():
+                return f"{path} is a file, expected a directory" if candidate == path else \
+                    f"{candidate} is a file, so {path} cannot be a directory below it"
+            if not os.access(candidate, os.W_OK | os.X_OK):  # an image's root-owned WORKDIR, a read-only mount
+                where = "" if candidate == path else f"cannot be created: {candidate} "
+                return f"{path} {where}is not writable by this user (uid {os.getuid()})"
+            return None
     return None
+
+
+@contextlib.contextmanager
+def writing(uri: str) -> Iterator[None]:
+    """Turn a failed local write into a StorageError naming `uri` (one line, not a traceback)."""
+    try:
+        yield
+    except OSError as err:
+        raise StorageError(f"{uri}: cannot write: {err.strerror or err}") from err
 
 
 class LocalStorage:
@@ -75,19 +90,16 @@ class LocalStorage:
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         path = local_path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        give_default_mode(Path(temporary))
-        os.replace(temporary, path)
+        with writing(uri):
+            os.replace(self._staged(path, data), path)
 
     def upload_file(self, local: Path, uri: str) -> None:
         target = local_path(uri)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.tmp")
-        shutil.copyfile(local, temporary)
-        os.replace(temporary, target)
+        with writing(uri):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary = target.with_name(f".{target.name}.tmp")
+            shutil.copyfile(local, temporary)
+            os.replace(temporary, target)
 
     def download_file(self, uri: str, local: Path) -> None:
         if local_path(uri).resolve() != Path(local).resolve():
@@ -116,12 +128,14 @@ class LocalStorage:
         return local_path(uri).stat().st_size
 
     def _staged(self, path: Path, data: bytes) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        give_default_mode(Path(temporary))
-        return temporary
+        """A complete temporary file beside `path`, holding `data`."""
+        with writing(str(path)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            give_default_mode(Path(temporary))
+            return temporary
 
     def create_exclusive(self, uri: str, data: bytes) -> str | None:
         path = local_path(uri)
