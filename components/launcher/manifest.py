@@ -130,9 +130,17 @@ def _run_policy(spec: JobSpec) -> dict:
     return policy
 
 
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """The job's own labels, whatever its kind: the stage, the run (`spec.labels`) and the Kueue queue."""
+    labels = {"app.kubernetes.io/name": "alignflow", "alignflow/stage": spec.stage, **spec.labels}
+    if spec.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = spec.kueue_queue
+    return labels
+
+
 def build_pytorchjob(spec: JobSpec) -> dict:
     """The PyTorchJob manifest for `spec` (checked first; raises LaunchError naming every problem)."""
-    check_spec(spec, STAGES)
+    check_spec(spec, STAGES, kind="PyTorchJob")
     job_spec: dict = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(spec)}
     if is_elastic(spec):
         # Without a Master replica the operator does not pass nprocPerNode on as PET_NPROC_PER_NODE.
@@ -147,12 +155,9 @@ def build_pytorchjob(spec: JobSpec) -> dict:
                                      "maxReplicas": spec.num_nodes, "maxRestarts": spec.max_restarts}
     else:
         job_spec["pytorchReplicaSpecs"] = {"Master": _replica(spec, 1)}
-    labels = {"app.kubernetes.io/name": "alignflow", "alignflow/stage": spec.stage, **spec.labels}
-    if spec.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = spec.kueue_queue
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(spec)},
         "spec": job_spec,
     }

@@ -216,10 +216,14 @@ class Kubelet:
         hooks = self.hooks.get(key)
         if hooks and hooks.after_exit:
             code = hooks.after_exit(runtime.fs, runtime.log, code)
+        self._exited(key, pod, runtime, {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                         "startedAt": runtime.started_at, "finishedAt": now_rfc3339()})
+
+    def _exited(self, key: tuple[str, str], pod: dict, runtime: Runtime, terminated: dict) -> None:
+        """Restart the container per the pod's restartPolicy, or end the pod with `terminated` as its state."""
+        code = terminated["exitCode"]
         policy = pod["spec"].get("restartPolicy", "Always")
         restart = policy == "Always" or (policy == "OnFailure" and code != 0)
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                      "startedAt": runtime.started_at, "finishedAt": now_rfc3339()}
         if restart:
             runtime.process, runtime.restarts = None, runtime.restarts + 1
             backoff = min(RESTART_BACKOFF_SECONDS * 2 ** (runtime.restarts - 1), MAX_RESTART_BACKOFF_SECONDS)
@@ -269,6 +273,16 @@ class Kubelet:
         except Exception as err:  # the KFP launcher's own failure: the container fails with its message
             runtime.log.append(f"{type(err).__name__}: {err}")
             argv = ["sh", "-c", "exit 1"]
+        if argv and runtime.fs.executable(argv[0], env.get("PATH", "")) is None:
+            # What containerd answers when the image has no such program: the container never starts.
+            message = (f"failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                       f"runc create failed: unable to start container process: exec: \"{argv[0]}\": executable file "
+                       "not found in $PATH: unknown")
+            runtime.started_at = now_rfc3339()
+            record_event(self.store, key[0], key[1], "Warning", "Failed", f"Error: {message}", "kubelet")
+            self._exited(key, pod, runtime, {"exitCode": 128, "reason": "StartError", "message": message,
+                                             "startedAt": runtime.started_at, "finishedAt": runtime.started_at})
+            return
         command, outer_env = runtime.fs.command(argv, env)
         runtime.process = subprocess.Popen(command, env=outer_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, errors="replace", start_new_session=True)
