@@ -160,11 +160,21 @@ class TrainJobKind(JobKind):
         def not_found() -> None:
             raise RuntimeNotFound(f"runtime {self.runtime_name!r} exists neither as a TrainingRuntime in namespace "
                                   f"{self.namespace} nor as a ClusterTrainingRuntime (ALIGNFLOW_TRAINER_RUNTIME; the "
-                                  "chart installs one with trainer.runtime.create)")
+                                  "chart installs one with training.runtime.create)")
 
         if self.runtime is None:
-            self.runtime = self.sdk(self.client.get_runtime, f"get runtime {self.runtime_name}", retry,
-                                    self.runtime_name, on_not_found=not_found)
+            try:
+                self.runtime = self.sdk(self.client.get_runtime, f"get runtime {self.runtime_name}", retry,
+                                        self.runtime_name, on_not_found=not_found)
+            except LaunchError as err:
+                if status_of(err.__cause__ or err) != 403 or isinstance(err, RuntimeNotFound):
+                    raise
+                # The namespace has no TrainingRuntime of that name, and this account may not look for a
+                # ClusterTrainingRuntime (the chart grants that only with training.runtime.kind=ClusterTrainingRuntime).
+                raise RuntimeNotFound(f"runtime {self.runtime_name!r} is not a TrainingRuntime in namespace "
+                                      f"{self.namespace}, and this account may not read ClusterTrainingRuntimes "
+                                      "(403; the chart grants that with training.runtime.kind=ClusterTrainingRuntime)"
+                                      ) from err
         return self.runtime
 
     def confirm_exists(self, name: str, retry: RetryPolicy) -> None:

@@ -172,8 +172,10 @@ class KfpRun:
             if value:
                 return value
             if self._thread is not None and not self._thread.is_alive():
-                failed = {name: r.error for name, r in self.results.items() if r.state == "FAILED" and r.pod}
-                raise AssertionError(f"{what}: the run ended first; failed tasks: {failed or 'none'}")
+                failed = {name: r for name, r in self.results.items() if r.state == "FAILED" and r.pod}
+                logs = "".join(f"\n--- {name}: {r.error}\n" + "\n".join(r.log.splitlines()[-40:])
+                               for name, r in failed.items())
+                raise AssertionError(f"{what}: the run ended first; failed tasks: {sorted(failed) or 'none'}{logs}")
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{what}: not within {timeout:g} s")
             time.sleep(0.1)
