@@ -164,10 +164,6 @@ def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environmen
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & {item["name"] for item in trainer["env"]}
 
 
-def events(cluster, resource: str) -> list:
-    return [event for event in cluster.store.history if event.resource == resource]
-
-
 def test_follow_errors_neither_delete_the_running_job_nor_fail_the_task(dpo_run):
     platform, _, results, kind = dpo_run
     cluster = platform.cluster
