@@ -192,7 +192,9 @@ class TrainerController:
     def _follow_job(self, job: dict, jobset: dict, state: JobSetState, pods: list[dict],
                     num_nodes: int) -> tuple[str, str] | None:
         """Create missing pods, count ended ones; (reason, message) when the Job fails, else None."""
-        if state.recreating:
+        if state.recreating:  # the previous attempt's pods end (and are let go) before the next attempt starts
+            for pod in pods:
+                self._release(pod)
             if pods:
                 return None
             state.recreating = False
