@@ -44,7 +44,10 @@ class SecretEnv:
 
 @dataclass(kw_only=True, slots=True)
 class JobSpec:
-    """Everything that decides one stage's PyTorchJob."""
+    """Everything that decides one stage's job, whatever its kind (`build_pytorchjob` here, `trainjob_request.py`).
+
+    The fields marked "PyTorchJob only" are a TrainJob runtime's business (the chart's TrainingRuntime).
+    """
 
     name: str
     """Job name: a DNS-1035 label of at most 63 characters (see `derive_job_name`)."""
@@ -89,14 +92,17 @@ class JobSpec:
     """Non-root uid of the pods (the trainer image's `alignflow` user)."""
     run_as_group: int = 1000
     restart_policy: str = "OnFailure"
+    """PyTorchJob only."""
     backoff_limit: int = 2
-    """Pod restarts before the job counts as failed."""
+    """Pod restarts before the job counts as failed (PyTorchJob only)."""
     max_restarts: int = 3
-    """Elastic jobs: how often torchrun restarts the worker group (a pod rejoining counts once)."""
+    """Elastic PyTorchJobs: how often torchrun restarts the worker group (a pod rejoining counts once)."""
     active_deadline_seconds: int | None = None
     """`runPolicy.activeDeadlineSeconds`: the operator stops the job after this long."""
     ttl_seconds_after_finished: int | None = 3600
+    """PyTorchJob only."""
     clean_pod_policy: str = "None"
+    """PyTorchJob only."""
     extra_args: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     """Labels of the job and of its pods."""

@@ -56,7 +56,8 @@ class ClusterOptions:
     image: str = "alignflow-trainer:latest"
     namespace: str = field(default_factory=current_namespace)
     num_nodes: int = 1
-    """Pods; more than one runs an elastic job (c10d rendezvous) of Worker replicas."""
+    """Pods; more than one runs an elastic PyTorchJob of Worker replicas (c10d rendezvous), or a TrainJob of that
+    many nodes (static rendezvous on node 0)."""
     nproc_per_node: int = 1
     gpus_per_node: int = 0
     gpu_resource: str = "nvidia.com/gpu"

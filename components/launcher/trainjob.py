@@ -257,8 +257,7 @@ class TrainJobKind(JobKind):
 
     def delete(self, namespace: str, name: str) -> None:
         try:
-            self.sdk(self.client.delete_job, f"delete TrainJob {name}", RetryPolicy(max_retries=3), name,
-                     on_not_found=lambda: None)
+            self.sdk(self.client.delete_job, f"delete TrainJob {name}", RetryPolicy(max_retries=3), name)
             logger.info("TrainJob %s/%s deleted", namespace, name)
         except LaunchError as err:
             if status_of(err.__cause__ or err) == 404:
