@@ -24,7 +24,7 @@ from typing import Any
 from tests.cluster.apiserver import KUBEFLOW_TRAINER, TRAINING_OPERATOR, ApiServer
 from tests.cluster.kubelet import Kubelet, record_event, set_condition
 from tests.cluster.scheduler import choose_node, pod_requests
-from tests.cluster.store import Store
+from tests.cluster.store import Store, now_rfc3339
 from tests.cluster.tls import server_context, write_serving_certificate
 from tests.cluster.trainer_controller import TrainerController
 from tests.cluster.training_operator import TrainingOperator
@@ -147,6 +147,16 @@ class Cluster:
         configuration.ssl_ca_cert = str(self.ca_path)
         configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
         return client.ApiClient(configuration)
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """What the eviction API does (a node drain, a preemption): the pod's DisruptionTarget condition, then a
+        graceful delete (SIGTERM, the grace period, SIGKILL)."""
+        def disrupt(p: dict) -> None:
+            set_condition(p.setdefault("status", {}), "DisruptionTarget", "True", "EvictionByEvictionAPI",
+                          "Eviction API: evicting")
+            p["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+
+        self.store.mutate("pods", namespace, pod, disrupt)
 
     # ---- observing
 

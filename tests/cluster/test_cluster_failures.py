@@ -1,7 +1,10 @@
 """What a platform team meets on a real cluster, on the emulated one: each failure named where it happens.
 
-The failures of a running job are run for both kinds (a Kubeflow Trainer v2 cluster's TrainJobs, a
-Training Operator cluster's PyTorchJobs); those before any job exists run on a Trainer cluster.
+They run on a Kubeflow Trainer v2 cluster (TrainJobs, the kind a cluster set up today runs); the pending
+limit runs on a Training Operator cluster (PyTorchJobs) too. A PyTorchJob's cancellation and deletion from
+outside are the launcher's shared code, tested against the Kubernetes stand-in for PyTorchJobs
+(tests/components/launcher/test_cancellation.py, test_api_failures.py); here they would cost a
+pipeline run each.
 
 - a missing Secret or ConfigMap stops the first component pod (the kubelet's CreateContainerConfigError)
   before any job exists;
@@ -84,9 +87,9 @@ def test_secret_outside_the_allow_list_fails_before_any_job(sandbox, object_stor
         assert created_jobs(platform.cluster) == []
 
 
-@BOTH_KINDS
-def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(kind, sandbox, object_store, tracking_server,
+def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox, object_store, tracking_server,
                                                                         tiny_inputs, packages, cache, tmp_path):
+    kind = TRAINJOB
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server, kind=kind.name) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
@@ -131,12 +134,13 @@ def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending
         cluster.wait_for(lambda: kind.jobs(cluster) == [], 30, "the stuck job is deleted")
 
 
-@BOTH_KINDS
-def test_job_deleted_from_outside_fails_its_task_at_once(kind, sandbox, object_store, tracking_server, tiny_inputs,
+def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, tracking_server, tiny_inputs,
                                                          packages, cache, tmp_path):
     from kubernetes import client
 
     from tests.cluster.apiserver import RESOURCES
+
+    kind = TRAINJOB
 
     with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server, kind=kind.name) as platform:
         cluster = platform.cluster
