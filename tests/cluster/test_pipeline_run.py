@@ -148,8 +148,10 @@ def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environmen
         config_uri = trainer["command"][trainer["command"].index("--config") + 1]
         assert config_uri.startswith(f"{PIPELINE_ROOT}/rlhf-dpo/{run.run_id}/alignflow-jobs/{stage}/")
         assert job["spec"]["runtimeRef"] == {"name": "af-alignflow-torch", "kind": "TrainingRuntime"}
+        # One pod, one attempt: nothing failed and restarted along the way.
         [pod] = [e.object for e in cluster.store.history if e.resource == "pods" and e.type == "ADDED"
                  and e.object["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
+        assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
         runtime = cluster.kubelet.runtime((NAMESPACE, pod["metadata"]["name"]))
         assert set(runtime.env) == {item["name"] for item in trainer["env"]} | TORCH_PLUGIN_ENV | KUBELET_ENV
         assert runtime.env["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}" and runtime.env["PET_NODE_RANK"] == "0"
