@@ -124,34 +124,86 @@ def test_deleting_a_trainjob_stops_its_pods(trainer_cluster):
     assert process.poll() is not None
 
 
-@pytest.mark.parametrize(("serves", "runtime", "setting", "expected"), [
-    (KUBEFLOW_TRAINER, True, "auto", "TrainJob"),
-    (TRAINING_OPERATOR | KUBEFLOW_TRAINER, True, "auto", "TrainJob"),
-    (TRAINING_OPERATOR | KUBEFLOW_TRAINER, False, "auto", "PyTorchJob"),
-    (TRAINING_OPERATOR, False, "auto", "PyTorchJob"),
-    (TRAINING_OPERATOR, False, "pytorchjob", "PyTorchJob"),
-    (TRAINING_OPERATOR, False, "trainjob", "does not serve trainer.kubeflow.org/v1alpha1 trainjobs (is Kubeflow "
-                                           "Trainer v2 installed?)"),
-    (KUBEFLOW_TRAINER, True, "pytorchjob", "does not serve kubeflow.org/v1 pytorchjobs"),
-    (KUBEFLOW_TRAINER, False, "trainjob", f"runtime '{RUNTIME}' exists neither as a TrainingRuntime in namespace team"),
-    (KUBEFLOW_TRAINER, False, "auto", "no kind of training job can run here"),
-], ids=["trainer", "both", "both-no-runtime", "operator", "operator-pytorchjob", "operator-trainjob",
-        "trainer-pytorchjob", "trainer-no-runtime", "trainer-no-runtime-auto"])
-def test_the_job_kind_follows_what_the_cluster_serves(serves, runtime, setting, expected, tmp_path, caplog):
-    """What `ALIGNFLOW_JOB_KIND` chooses, before anything is created; discovery needs no RBAC rule."""
+# serves, runtime installed -> what each ALIGNFLOW_JOB_KIND setting gets: a kind, or the words of its error.
+CHOICES = {
+    (KUBEFLOW_TRAINER, True): {"auto": "TrainJob", "trainjob": "TrainJob",
+                               "pytorchjob": "does not serve kubeflow.org/v1 pytorchjobs"},
+    (KUBEFLOW_TRAINER, False): {"auto": "no kind of training job can run here",
+                                "trainjob": f"runtime '{RUNTIME}' exists neither as a TrainingRuntime in namespace team"},
+    (TRAINING_OPERATOR | KUBEFLOW_TRAINER, True): {"auto": "TrainJob"},
+    (TRAINING_OPERATOR | KUBEFLOW_TRAINER, False): {"auto": "PyTorchJob"},
+    (TRAINING_OPERATOR, False): {"auto": "PyTorchJob", "pytorchjob": "PyTorchJob",
+                                 "trainjob": "does not serve trainer.kubeflow.org/v1alpha1 trainjobs (is Kubeflow "
+                                             "Trainer v2 installed?)"},
+}
+
+
+def test_the_job_kind_follows_what_the_cluster_serves(sandbox, tmp_path, caplog):
+    """What `ALIGNFLOW_JOB_KIND` chooses on each kind of cluster, before anything is created; discovery needs no
+    RBAC rule."""
     from components.launcher.job_kinds import choose_job_kind
     from trainer.errors import LaunchError
 
-    with Cluster(tmp_path, [], serves=serves) as cluster:
-        if runtime:
-            install_runtime(cluster)
-        api_client = cluster.client()
-        if expected in ("TrainJob", "PyTorchJob"):
-            with caplog.at_level("INFO", logger="components.launcher.job_kinds"):
-                assert choose_job_kind(api_client, NS, setting, RUNTIME).kind == expected
-            assert f"job kind: {expected} (ALIGNFLOW_JOB_KIND={setting}" in caplog.text
-        else:
-            with pytest.raises(LaunchError) as err:
-                choose_job_kind(api_client, NS, setting, RUNTIME)
-            assert expected in str(err.value) and f"job kind {setting} (ALIGNFLOW_JOB_KIND)" in str(err.value)
-        assert cluster.api.calls("create") == []
+    for number, ((serves, runtime), expectations) in enumerate(CHOICES.items()):
+        with Cluster(tmp_path / str(number), [], serves=serves) as cluster:
+            if runtime:
+                install_runtime(cluster)
+            api_client = cluster.client()
+            for setting, expected in expectations.items():
+                case = f"{sorted(serves)}, runtime {runtime}, {setting}"
+                if expected in ("TrainJob", "PyTorchJob"):
+                    caplog.clear()
+                    with caplog.at_level("INFO", logger="components.launcher.job_kinds"):
+                        assert choose_job_kind(api_client, NS, setting, RUNTIME).kind == expected, case
+                    assert f"job kind: {expected} (ALIGNFLOW_JOB_KIND={setting}" in caplog.text, case
+                else:
+                    with pytest.raises(LaunchError) as err:
+                        choose_job_kind(api_client, NS, setting, RUNTIME)
+                    assert expected in str(err.value), case
+                    assert f"job kind {setting} (ALIGNFLOW_JOB_KIND)" in str(err.value), case
+            assert cluster.api.calls("create") == []
+
+def launcher_for(cluster: Cluster):
+    from components.launcher.kubernetes import KubernetesLauncher
+    from components.launcher.trainjob import TrainJobKind
+
+    api_client = cluster.client()
+    return KubernetesLauncher(api_client, kind=TrainJobKind(api_client, NS, RUNTIME), poll_seconds=0.5)
+
+
+def shell_request(name: str, script: str, *options):
+    """What `build_trainjob_request` returns, with a shell standing in for the trainer."""
+    from kubeflow.trainer import CustomTrainerContainer
+    from kubeflow.trainer.options import Labels, Name, TrainerCommand
+
+    from components.launcher.trainjob_request import TrainJobRequest
+
+    return TrainJobRequest(NS, name, CustomTrainerContainer(image=IMAGE),
+                           [Name(name), Labels({"alignflow/run": "run-1"}), TrainerCommand(["sh", "-c", script]),
+                            *options])
+
+
+def test_the_launcher_reports_why_a_trainjob_failed_with_its_trainers_last_lines(trainer_cluster):
+    from trainer.errors import LaunchError
+
+    launcher = launcher_for(trainer_cluster)
+    with pytest.raises(LaunchError) as err:
+        launcher.run(shell_request("fails", "echo loading; echo 'ValueError: bad row 7'; exit 3"), timeout=60)
+    message = str(err.value)
+    assert message.startswith(f"TrainJob {NS}/fails failed (ReachedMaxRestarts: ")
+    assert message.endswith("last lines of its trainer:\nloading\nValueError: bad row 7")  # the SDK's get_job_logs
+    assert trainer_cluster.jobs(resource="trainjobs") == []  # deleted when it ended
+
+
+def test_a_trainjob_past_its_active_deadline_fails_and_a_retried_task_reattaches(trainer_cluster):
+    from kubeflow.trainer.options import ActiveDeadlineSeconds
+
+    from trainer.errors import LaunchError
+
+    launcher = launcher_for(trainer_cluster)
+    request = shell_request("deadline", "sleep 600", ActiveDeadlineSeconds(2))
+    assert launcher.create(request) is False
+    assert launcher.create(request) is True  # a retried KFP task: 409, the same TrainJob
+    with pytest.raises(LaunchError, match="failed \\(DeadlineExceeded: TrainJob exceeded its active deadline\\)"):
+        launcher.run(request, timeout=60)
+    assert launcher.delete_run_jobs(NS, "run-1") == []  # the launcher deleted it; the exit handler finds none
