@@ -1,9 +1,11 @@
 """Fixtures of the cluster-faithful tests: an S3 store, the emulated cluster set up as a platform team would.
 
 The setup follows the README's cluster steps: a namespace where KFP runs pipelines as a service
-account, the chart installed (its defaults ConfigMap and launcher Role, rendered by the real Helm
-engine from the values a platform team writes), the S3 credentials Secret, and the pipeline
-compiled (what `alignflow compile` and the chart's upload job produce) and run.
+account, the chart installed (its defaults ConfigMap and launcher Role, and on a Kubeflow Trainer
+cluster its TrainingRuntime, rendered by the real Helm engine from the values a platform team
+writes), the S3 credentials Secret, and the pipeline compiled (what `alignflow compile` and the
+chart's upload job produce) and run. A cluster serves one kind of training job (`KINDS`): Kubeflow
+Trainer v2's TrainJobs (the default, a cluster set up today) or the Training Operator's PyTorchJobs.
 """
 
 from __future__ import annotations
