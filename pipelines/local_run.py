@@ -121,10 +121,15 @@ KEY_METRICS = ("eval_loss", "eval_accuracy", "eval_rewards_accuracies", "eval_re
 
 
 def format_summary(summary: dict[str, dict], elapsed: float) -> str:
-    lines = [f"{'task':<16} {'time':>7}  {'key metrics':<58} model"]
-    for task, info in summary.items():
-        shown = ", ".join(f"{k}={info['metrics'][k]:.3g}" for k in KEY_METRICS if k in info["metrics"])
-        lines.append(f"{task:<16} {info['seconds']:>6.1f}s  {shown:<58} {info['model']}")
+    """One line per task under a header; each column as wide as its widest cell, so long task names
+    (`train-reward-model`, `fingerprint-inputs`) and many metrics keep the columns aligned."""
+    rows = [(task, f"{info['seconds']:.1f}s",
+             ", ".join(f"{k}={info['metrics'][k]:.3g}" for k in KEY_METRICS if k in info["metrics"]), info["model"])
+            for task, info in summary.items()]
+    header = ("task", "time", "key metrics", "model")
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(3)]
+    lines = [f"{task:<{widths[0]}}  {time:>{widths[1]}}  {shown:<{widths[2]}}  {model}".rstrip()
+             for task, time, shown, model in [header, *rows]]
     lines.append(f"total {elapsed:.0f} s")
     return "\n".join(lines)
 

@@ -4,6 +4,7 @@ from kfp import dsl
 
 from components.dpo.component import train_dpo
 from pipelines.options import as_stage
+from pipelines.parameters import documented
 from pipelines.steps import (
     cluster_arguments,
     evaluate_and_register,
@@ -16,6 +17,7 @@ from pipelines.steps import (
 
 
 @dsl.pipeline(name="rlhf-dpo", description="SFT, then DPO, evaluated against the SFT model and registered if better.")
+@documented
 def rlhf_dpo(
     base_model_uri: str,
     sft_train_uri: str,

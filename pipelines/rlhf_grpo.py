@@ -4,6 +4,7 @@ from kfp import dsl
 
 from components.grpo.component import train_grpo
 from pipelines.options import as_stage
+from pipelines.parameters import documented
 from pipelines.steps import (
     cluster_arguments,
     evaluate_and_register,
@@ -16,6 +17,7 @@ from pipelines.steps import (
 
 
 @dsl.pipeline(name="rlhf-grpo", description="SFT, then GRPO on a reward function; registered if it beats SFT.")
+@documented
 def rlhf_grpo(
     base_model_uri: str,
     sft_train_uri: str,

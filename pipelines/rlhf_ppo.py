@@ -5,6 +5,7 @@ from kfp import dsl
 from components.ppo.component import train_ppo
 from components.rm.component import train_reward_model
 from pipelines.options import as_stage
+from pipelines.parameters import documented
 from pipelines.steps import (
     cluster_arguments,
     evaluate_and_register,
@@ -17,6 +18,7 @@ from pipelines.steps import (
 
 
 @dsl.pipeline(name="rlhf-ppo", description="SFT, a reward model, then PPO; evaluated against SFT and registered if better.")
+@documented
 def rlhf_ppo(
     base_model_uri: str,
     sft_train_uri: str,

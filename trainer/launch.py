@@ -17,6 +17,14 @@ when the run was stopped by a signal:
 
 Any other failure is torchrun's, unchanged (its error report, exit 1).
 
+Before torchrun starts, the variables a TrainJob's Secrets hold are exported from their files: a
+TrainJob cannot take env from Secrets (the Kubeflow SDK passes plain values only, and Kubeflow
+Trainer refuses env in runtime patches of its `node` container), so the launcher mounts each Secret
+read-only with only the keys used, each as a file named after its variable, and lists the folders
+in `ALIGNFLOW_SECRET_ENV_DIRS` (components/launcher/trainjob_request.py). torchrun's workers inherit
+them as a PyTorchJob's pods get them through `secretKeyRef`. A folder that does not exist (an
+optional Secret that is absent) is skipped.
+
 What this leaves out: the agent does not report its workers' exit statuses when it is the one
 signalled, so in that case the status says that the job was stopped by the signal, not that every
 worker finished its checkpoint; a rerun resumes from the newest complete checkpoint either way (a
@@ -25,8 +33,12 @@ worker that ran out of `checkpoint.preemption_grace_seconds` leaves the previous
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import sys
+from collections.abc import MutableMapping
+from pathlib import Path
 
 # Worker exit statuses that mean "stopped by this signal at a step boundary" (trainer.lifecycle.preemption).
 PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
@@ -34,6 +46,23 @@ PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 # agent sends SIGTERM to the rest, and one that had already left its handler (it saved too and was
 # exiting) dies of it.
 STOPPED_BY_AGENT = {-signal.SIGTERM, -signal.SIGINT}
+
+
+SECRET_DIRS_VARIABLE = "ALIGNFLOW_SECRET_ENV_DIRS"
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a Secret volume's `..data` links are not variables
+
+
+def export_secret_files(environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Set each variable held as a file in the folders `ALIGNFLOW_SECRET_ENV_DIRS` names; returns their names."""
+    exported = []
+    for folder in filter(None, environ.get(SECRET_DIRS_VARIABLE, "").split(":")):
+        if not Path(folder).is_dir():
+            continue
+        for item in sorted(Path(folder).iterdir()):
+            if _VARIABLE_NAME.match(item.name) and item.is_file():
+                environ[item.name] = item.read_text()
+                exported.append(item.name)
+    return exported
 
 
 def preempted_status(statuses: list[int]) -> int | None:
@@ -49,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    export_secret_files()
     try:
         torchrun(argv)
     except SignalException as err:

@@ -1,4 +1,4 @@
-"""cleanup_jobs: the pipelines' exit handler, deleting whatever PyTorchJobs a run left behind."""
+"""cleanup_jobs: the pipelines' exit handler, deleting whatever jobs (PyTorchJobs, TrainJobs) a run left behind."""
 
 from kfp import dsl
 
@@ -7,7 +7,7 @@ from components.images import LAUNCHER_IMAGE
 
 @dsl.component(base_image=LAUNCHER_IMAGE)
 def cleanup_jobs(run_id: str, launcher_mode: str = "kubernetes") -> int:
-    """Delete the run's PyTorchJobs (labelled alignflow/run) when the run ends, however it ends.
+    """Delete the run's training jobs (labelled alignflow/run) when the run ends, however it ends.
 
     Args:
         run_id: The pipeline run id.
@@ -19,9 +19,11 @@ def cleanup_jobs(run_id: str, launcher_mode: str = "kubernetes") -> int:
     """
     if launcher_mode != "kubernetes":
         return 0
-    from components.launcher.kubernetes import KubernetesLauncher
+    from components.launcher import kubernetes
+    from components.launcher.platform import PlatformDefaults
     from components.launcher.stage_job import current_namespace, run_label
 
-    deleted = KubernetesLauncher().delete_run_jobs(current_namespace(), run_label(run_id))
-    print(f"deleted {len(deleted)} PyTorchJob(s): {', '.join(deleted) or '-'}")
+    deleted = kubernetes.delete_run_jobs(current_namespace(), run_label(run_id),
+                                         PlatformDefaults.from_environment().job_kind)
+    print(f"deleted {len(deleted)} job(s): {', '.join(deleted) or '-'}")
     return len(deleted)

@@ -31,7 +31,7 @@ def evaluate_model(
     """Score greedy responses of a model, a baseline and the current champion on held-out prompts, in a job
     on a GPU node.
 
-    The component launches `python -m trainer evaluate` as a PyTorchJob (like the training
+    The component launches `python -m trainer evaluate` as a training job (like the training
     stages), so generation runs where the GPUs are; this pod resolves the champion, waits, logs the
     metrics to MLflow and publishes. The champion (alias `champion` of `registered_model_name`) is
     scored in the same job on the same prompts, so the gate compares live scores. Never cache this
@@ -52,9 +52,10 @@ def evaluate_model(
             it (and `evaluation/*` on it), whatever the gate then decides. Empty: not logged to MLflow.
         reward_function: Registered reward function name, called as f(prompt, completion, answer) -> float.
         max_new_tokens: Longest response in tokens.
-        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image.
-        num_nodes: Nodes (Master plus Workers).
+        launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
+            its nodes as local processes.
+        trainer_image: Image of the training job; empty uses the platform's trainer image.
+        num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Where the job writes its results; empty uses a folder beside the metrics.

@@ -1,4 +1,4 @@
-"""The PyTorchJob launcher: build the manifest from a stage spec, run it on Kubernetes or locally."""
+"""The launcher: build a stage's job (a PyTorchJob or a TrainJob), run it on Kubernetes or locally."""
 
 from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
 

@@ -78,13 +78,14 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
         "allowed_images": platform.allowed_images, "allowed_secrets": platform.allowed_secrets,
     }
     for name in ("s3_secret", "mlflow_secret", "node_selector", "tolerations", "gpu_resource", "priority_class",
-                 "kueue_queue", "service_account"):
+                 "kueue_queue", "service_account", "job_kind", "trainer_runtime"):
         if _is_given(getattr(platform, name)):
             options[name] = getattr(platform, name)
     options.update(platform.scheduling)  # affinity, cpu/memory, shm, deadline, pending limit (ConfigMap)
-    # Policy stays the platform's: allow-lists, the MLflow Secret, and the namespace (the component's own).
+    # Policy stays the platform's: allow-lists, the MLflow Secret, the namespace (the component's own), the job kind.
     overridable = set(ClusterOptions.__dataclass_fields__) - {"mode", "image", "env", "allowed_images",
-                                                              "allowed_secrets", "mlflow_secret", "namespace"}
+                                                              "allowed_secrets", "mlflow_secret", "namespace",
+                                                              "job_kind", "trainer_runtime"}
     options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
     options.update(scheduling_overrides(params.get("scheduling")))  # the run's `scheduling` parameter wins
     return ClusterOptions(**options)

@@ -1,11 +1,16 @@
-"""Kubernetes mode: create the PyTorchJob, follow it to its end, report, clean up.
+"""Kubernetes mode: create a stage's job, follow it to its end, report, clean up.
+
+The job is a PyTorchJob or a TrainJob (`job_kind.py`: one interface, one implementation per kind in
+`pytorchjob.py` and `trainjob.py`; `job_kinds.py` picks the kind the cluster serves). The launcher
+itself is the same for both:
 
 - The job name is derived from the pipeline run and task (`derive_job_name`), so when KFP retries
-  a task, `create` answers 409 and the launcher re-attaches to the job already running instead of
-  starting a second one.
-- Following: list + watch of the job (`job_watch.py`), one watch request per `poll_seconds`; in
-  between, the job's pods are looked at (`pods.py`): a pod stuck Pending is reported with its
-  reason, and the trainer's log is copied into the component's log.
+  a task, `create` finds the job of that name (409) and the launcher re-attaches to the job already
+  running instead of starting a second one.
+- Following: the kind's follower (a watch of the PyTorchJob; the Kubeflow SDK's `get_job` for a
+  TrainJob), about once per `poll_seconds`; in between, the job's pods are looked at (`pods.py`): a
+  pod stuck Pending is reported with its reason, and the trainer's log is copied into the
+  component's log.
 - Transient API failures (5xx, 429, a reset connection, 410 Gone) are retried with exponential
   backoff (`api_retry.py`). They never delete the job: if the API stays away past the retry
   budget the task fails and leaves the job running, and a retry of the task re-attaches to it.
@@ -15,7 +20,7 @@
   the handler installed while waiting deletes the job before the process exits.
 - A job deleted by someone else fails the task at once.
 
-`kubernetes` is imported here and in the modules named above only.
+`kubernetes` is imported here, in the kinds' modules and in the modules named above only.
 """
 
 from __future__ import annotations
@@ -30,14 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.launcher.api_retry import RetryPolicy
-from components.launcher.job_watch import GROUP, PLURAL, VERSION, JobDeleted, JobWatcher, job_phase
-from components.launcher.pods import JOB_LABEL, LogFollower, PodMonitor, PodsStuckPending, rank_zero_pod
+from components.launcher.job_kind import TERMINAL, JobKind
+from components.launcher.job_watch import JobDeleted
+from components.launcher.pods import LogFollower, PodMonitor, PodsStuckPending
 from trainer.errors import LaunchError
 
 logger = logging.getLogger(__name__)
 
-TERMINAL = ("Succeeded", "Failed")
-__all__ = ["GROUP", "PLURAL", "VERSION", "JobOutcome", "KubernetesLauncher", "job_phase"]
+__all__ = ["JobOutcome", "KubernetesLauncher", "delete_run_jobs", "load_api_client"]
 
 
 class JobTimedOut(LaunchError):
@@ -83,143 +88,137 @@ def sigterm_cancels() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def load_api_client() -> Any:
+    """A `kubernetes` ApiClient from the in-cluster config (or `~/.kube/config` outside a cluster)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
 class KubernetesLauncher:
-    """Runs PyTorchJobs through the Kubernetes API.
+    """Runs one kind of training job through the Kubernetes API.
 
     Args:
         api_client: A configured `kubernetes.client.ApiClient`; None loads the in-cluster config
             (or `~/.kube/config` outside a cluster).
+        kind: The job kind (`job_kind.JobKind`); None: PyTorchJob.
         poll_seconds: How often pods, events and the log are looked at; also the longest single
             watch request (the watch resumes from its resourceVersion after each).
         pending_timeout_seconds: How long a pod may stay stuck Pending before the task fails.
         retry: Backoff for transient API failures; None: 8 retries from 1 s up to 30 s apart.
     """
 
-    def __init__(self, api_client: Any = None, *, poll_seconds: float = 10.0, pending_timeout_seconds: float = 900.0,
-                 retry: RetryPolicy | None = None) -> None:
-        from kubernetes import client, config
+    def __init__(self, api_client: Any = None, *, kind: JobKind | None = None, poll_seconds: float = 10.0,
+                 pending_timeout_seconds: float = 900.0, retry: RetryPolicy | None = None) -> None:
+        from kubernetes import client
 
         if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
-        self.custom = client.CustomObjectsApi(api_client)
+            api_client = load_api_client()
+        if kind is None:
+            from components.launcher.pytorchjob import PyTorchJobKind
+
+            kind = PyTorchJobKind(api_client)
+        self.kind = kind
         self.core = client.CoreV1Api(api_client)
         self.poll_seconds = poll_seconds
         self.pending_timeout_seconds = pending_timeout_seconds
         self.retry = retry or RetryPolicy()
+        self.failure_message = ""  # why the followed job failed, when its status says so
 
-    def create(self, manifest: dict) -> tuple[dict, bool]:
-        """Create the job, or return the existing one of the same name. Returns (job, re-attached)."""
-        from kubernetes.client.exceptions import ApiException
-
-        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        try:
-            job = self.retry.call(self.custom.create_namespaced_custom_object, f"create PyTorchJob {name}",
-                                  GROUP, VERSION, namespace, PLURAL, manifest)
-            logger.info("PyTorchJob %s/%s created", namespace, name)
-            return job, False
-        except ApiException as err:
-            if err.status != 409:
-                raise LaunchError(f"cannot create PyTorchJob {namespace}/{name}: {err.status} {err.reason}: "
-                                  f"{err.body}") from err
-        logger.info("PyTorchJob %s/%s exists already (a retried task): re-attaching", namespace, name)
-        return self.retry.call(self.custom.get_namespaced_custom_object, f"get PyTorchJob {name}",
-                               GROUP, VERSION, namespace, PLURAL, name), True
+    def create(self, request: Any) -> bool:
+        """Create the job, or re-attach to the existing one of the same name. Returns True when re-attached."""
+        return self.kind.create(request, self.retry)
 
     def wait(self, namespace: str, name: str, timeout: float, on_phase: Callable[[str], None] | None = None) -> str:
         """Follow the job until Succeeded or Failed, reporting stuck pods and copying the trainer's log.
 
         Raises JobTimedOut after `timeout` seconds, PodsStuckPending, JobDeleted, or ApiUnavailable.
         """
+        what = f"{self.kind.kind} {namespace}/{name}"
         deadline = time.monotonic() + timeout
-        watcher = JobWatcher(self.custom, namespace, name, self.retry)
-        monitor = PodMonitor(self.core, namespace, name, self.pending_timeout_seconds)
-        follower = LogFollower(self.core, namespace)
+        follower = self.kind.follower(namespace, name, self.retry)
+        monitor = PodMonitor(self.core, namespace, name, self.pending_timeout_seconds,
+                             selector=self.kind.pod_selector(name), what=what)
+        logs = LogFollower(self.core, namespace, container=self.kind.container)
         phase = None
         while True:
-            for job in watcher.watch(min(self.poll_seconds, max(1.0, deadline - time.monotonic()))):
-                new_phase = job_phase(job)
-                if new_phase is not None and new_phase != phase:
-                    phase = new_phase
-                    logger.info("PyTorchJob %s/%s: %s", namespace, name, phase)
+            for state in follower.states(min(self.poll_seconds, max(1.0, deadline - time.monotonic()))):
+                if state.phase is not None and state.phase != phase:
+                    phase = state.phase
+                    logger.info("%s: %s%s", what, phase, f" ({state.message})" if state.message else "")
                     if on_phase:
                         on_phase(phase)
                 if phase in TERMINAL:
+                    self.failure_message = state.message
                     break
             pods = monitor.list_pods()
-            follower.follow(rank_zero_pod(pods))  # after the end too: the last lines
+            logs.follow(self.kind.rank_zero_pod(pods))  # after the end too: the last lines
             if phase in TERMINAL:
                 return phase
             monitor.check(pods)
             if time.monotonic() >= deadline:
-                raise JobTimedOut(f"PyTorchJob {namespace}/{name} did not finish within {timeout:g} s "
-                                  f"(last condition: {phase})")
+                raise JobTimedOut(f"{what} did not finish within {timeout:g} s (last condition: {phase})")
 
     def master_log_tail(self, namespace: str, name: str, lines: int = 60) -> str:
-        """The last lines of the rank-0 pod's `pytorch` container; a note instead if it cannot be read."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            pods = self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}").items
-            pod = rank_zero_pod(pods)
-            if pod is None:
-                return "(no started master or worker-0 pod found)"
-            return self.core.read_namespaced_pod_log(pod, namespace, container="pytorch", tail_lines=lines).rstrip("\n")
-        except ApiException as err:
-            return f"(trainer log unavailable: {err.status} {err.reason})"
+        """The last lines of the rank-0 trainer's log; a note instead if it cannot be read."""
+        return self.kind.log_tail(namespace, name, lines)
 
     def delete(self, namespace: str, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            RetryPolicy(max_retries=3).call(self.custom.delete_namespaced_custom_object, f"delete PyTorchJob {name}",
-                                            GROUP, VERSION, namespace, PLURAL, name)
-            logger.info("PyTorchJob %s/%s deleted", namespace, name)
-        except ApiException as err:
-            if err.status != 404:
-                logger.warning("could not delete PyTorchJob %s/%s: %s %s", namespace, name, err.status, err.reason)
-        except LaunchError as err:
-            logger.warning("could not delete PyTorchJob %s/%s: %s", namespace, name, err)
+        self.kind.delete(namespace, name)
 
     def delete_run_jobs(self, namespace: str, run_label: str) -> list[str]:
-        """Delete every PyTorchJob labelled `alignflow/run=<run_label>` (the exit handler's cleanup)."""
-        jobs = self.retry.call(self.custom.list_namespaced_custom_object, "list the run's PyTorchJobs", GROUP,
-                               VERSION, namespace, PLURAL, label_selector=f"alignflow/run={run_label}")
-        names = [job["metadata"]["name"] for job in jobs.get("items", [])]
+        """Delete every job of this kind labelled `alignflow/run=<run_label>` (the exit handler's cleanup)."""
+        names = self.kind.run_jobs(namespace, run_label, self.retry)
         for name in names:
             self.delete(namespace, name)
         return names
 
-    def run(self, manifest: dict, timeout: float, keep_job: bool = False) -> JobOutcome:
+    def run(self, request: Any, timeout: float, keep_job: bool = False) -> JobOutcome:
         """Create (or re-attach), follow to the end, clean up. Raises LaunchError when the job does not succeed.
 
-        The job is deleted when it ends (unless `keep_job`), at the deadline, when a pod stays stuck
+        `request` is what the kind's `build` returned (a PyTorchJob manifest, a TrainJob request). The
+        job is deleted when it ends (unless `keep_job`), at the deadline, when a pod stays stuck
         Pending, and on cancellation; never because the API server failed for a while.
         """
-        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        namespace, name = self.kind.identity(request)
+        what = f"{self.kind.kind} {namespace}/{name}"
         reattached = None
         with sigterm_cancels():
             try:
-                _, reattached = self.create(manifest)
+                reattached = self.create(request)
                 phase = self.wait(namespace, name, timeout)
                 tail = self.master_log_tail(namespace, name)
             except KeyboardInterrupt as err:
                 self.delete(namespace, name)
-                raise JobCancelled(f"interrupted; PyTorchJob {namespace}/{name} deleted") from err
+                raise JobCancelled(f"interrupted; {what} deleted") from err
             except DELETES_JOB as err:
                 logger.error("%s", err)
                 self.delete(namespace, name)
-                raise type(err)(f"{err}; PyTorchJob {namespace}/{name} deleted") from err
+                raise type(err)(f"{err}; {what} deleted") from err
             except LaunchError as err:
                 if reattached is not None and not isinstance(err, JobDeleted):
-                    logger.error("%s; PyTorchJob %s/%s is left running (a retry of the task re-attaches to it)",
-                                 err, namespace, name)
+                    logger.error("%s; %s is left running (a retry of the task re-attaches to it)", err, what)
                 raise
         if not keep_job:
             self.delete(namespace, name)
         if phase == "Failed":
-            raise LaunchError(f"PyTorchJob {namespace}/{name} failed; last lines of its trainer:\n{tail}")
+            reason = f" ({self.failure_message})" if self.failure_message else ""
+            raise LaunchError(f"{what} failed{reason}; last lines of its trainer:\n{tail}")
         return JobOutcome(name, phase, reattached, tail)
+
+
+def delete_run_jobs(namespace: str, run_label: str, job_kind: str = "auto") -> list[str]:
+    """The exit handler's cleanup: delete a run's jobs (`alignflow/run=<run_label>`) of every kind it may have
+    used (`job_kind`: the platform's setting; `auto` looks at every kind the API serves). Returns `Kind/name`s."""
+    from components.launcher.job_kinds import cleanup_kinds
+
+    api_client = load_api_client()
+    deleted = []
+    for kind in cleanup_kinds(api_client, namespace, job_kind):
+        launcher = KubernetesLauncher(api_client, kind=kind)
+        deleted += [f"{kind.kind}/{name}" for name in launcher.delete_run_jobs(namespace, run_label)]
+    return deleted

@@ -44,7 +44,10 @@ class SecretEnv:
 
 @dataclass(kw_only=True, slots=True)
 class JobSpec:
-    """Everything that decides one stage's PyTorchJob."""
+    """Everything that decides one stage's job, whatever its kind (`build_pytorchjob` here, `trainjob_request.py`).
+
+    The fields marked "PyTorchJob only" are a TrainJob runtime's business (the chart's TrainingRuntime).
+    """
 
     name: str
     """Job name: a DNS-1035 label of at most 63 characters (see `derive_job_name`)."""
@@ -89,14 +92,17 @@ class JobSpec:
     """Non-root uid of the pods (the trainer image's `alignflow` user)."""
     run_as_group: int = 1000
     restart_policy: str = "OnFailure"
+    """PyTorchJob only."""
     backoff_limit: int = 2
-    """Pod restarts before the job counts as failed."""
+    """Pod restarts before the job counts as failed (PyTorchJob only)."""
     max_restarts: int = 3
-    """Elastic jobs: how often torchrun restarts the worker group (a pod rejoining counts once)."""
+    """Elastic PyTorchJobs: how often torchrun restarts the worker group (a pod rejoining counts once)."""
     active_deadline_seconds: int | None = None
     """`runPolicy.activeDeadlineSeconds`: the operator stops the job after this long."""
     ttl_seconds_after_finished: int | None = 3600
+    """PyTorchJob only."""
     clean_pod_policy: str = "None"
+    """PyTorchJob only."""
     extra_args: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     """Labels of the job and of its pods."""
@@ -130,9 +136,17 @@ def _run_policy(spec: JobSpec) -> dict:
     return policy
 
 
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """The job's own labels, whatever its kind: the stage, the run (`spec.labels`) and the Kueue queue."""
+    labels = {"app.kubernetes.io/name": "alignflow", "alignflow/stage": spec.stage, **spec.labels}
+    if spec.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = spec.kueue_queue
+    return labels
+
+
 def build_pytorchjob(spec: JobSpec) -> dict:
     """The PyTorchJob manifest for `spec` (checked first; raises LaunchError naming every problem)."""
-    check_spec(spec, STAGES)
+    check_spec(spec, STAGES, kind="PyTorchJob")
     job_spec: dict = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(spec)}
     if is_elastic(spec):
         # Without a Master replica the operator does not pass nprocPerNode on as PET_NPROC_PER_NODE.
@@ -147,12 +161,9 @@ def build_pytorchjob(spec: JobSpec) -> dict:
                                      "maxReplicas": spec.num_nodes, "maxRestarts": spec.max_restarts}
     else:
         job_spec["pytorchReplicaSpecs"] = {"Master": _replica(spec, 1)}
-    labels = {"app.kubernetes.io/name": "alignflow", "alignflow/stage": spec.stage, **spec.labels}
-    if spec.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = spec.kueue_queue
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(spec)},
         "spec": job_spec,
     }

@@ -1,4 +1,4 @@
-"""Checks of a JobSpec's values that the PyTorchJob CRD schema does not make.
+"""Checks of a JobSpec's values that the job CRDs' schemas (PyTorchJob, TrainJob) do not make.
 
 The CRD is shallow in places (a wrong `cleanPodPolicy` or restart policy passes it), says nothing
 about names, quantities or a request above its limit, and the API server only finds some of these
@@ -129,11 +129,20 @@ def _check_env(spec: JobSpec, problems: list[str]) -> None:
             problems.append(f"secret_env entry {item} needs name, secret and key")
 
 
-def check_spec(spec: JobSpec, stages: tuple[str, ...]) -> None:
-    """Reject what the CRD would accept but the operator or the cluster would not. Raises LaunchError."""
+def check_spec(spec: JobSpec, stages: tuple[str, ...], *, kind: str = "PyTorchJob",
+               extra: list[str] | None = None) -> None:
+    """Reject what the CRD would accept but the controller or the cluster would not. Raises LaunchError.
+
+    Args:
+        spec: The job's spec.
+        stages: The trainer's sub-commands a job may run.
+        kind: How the message names the job (`PyTorchJob`, `TrainJob`).
+        extra: Problems the kind found itself, reported with these.
+    """
     problems: list[str] = []
     _check_names(spec, stages, problems)
     for check in (_check_counts, _check_resources, _check_placement, _check_env):
         check(spec, problems)
+    problems += extra or []
     if problems:
-        raise LaunchError(f"PyTorchJob {spec.name!r}: " + "; ".join(problems))
+        raise LaunchError(f"{kind} {spec.name!r}: " + "; ".join(problems))

@@ -5,6 +5,8 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | variable | meaning |
 |---|---|
 | `ALIGNFLOW_TRAINER_IMAGE` | trainer image when the component is not given one |
+| `ALIGNFLOW_JOB_KIND` | `trainjob`, `pytorchjob` or `auto` (default): the kind of the training jobs (job_kinds.py) |
+| `ALIGNFLOW_TRAINER_RUNTIME` | the TrainingRuntime / ClusterTrainingRuntime TrainJobs reference (default `torch-distributed`) |
 | `ALIGNFLOW_S3_SECRET` | Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when the component names none |
 | `AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION` | passed to the job as plain environment |
 | `MLFLOW_TRACKING_URI` | passed to the job without any `user:password@` it carries |
@@ -52,6 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.launcher.job_kinds import check_job_kind
 from components.launcher.scheduling import check_value, scheduling_from_environment
 from trainer.errors import LaunchError
 
@@ -66,6 +69,8 @@ class PlatformDefaults:
     """What the platform's environment says; empty values mean "not configured"."""
 
     trainer_image: str = ""
+    job_kind: str = "auto"
+    trainer_runtime: str = ""
     s3_secret: str = ""
     mlflow_secret: str = ""
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -89,7 +94,8 @@ class PlatformDefaults:
         environ = os.environ if environ is None else environ
         value = {name: environ.get(name, "").strip() for name in (
             "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_GPU_RESOURCE",
-            "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT")}
+            "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_JOB_KIND",
+            "ALIGNFLOW_TRAINER_RUNTIME")}
         job_env = {name: environ[name].strip() for name in JOB_ENV_NAMES if environ.get(name, "").strip()}
         if "ALIGNFLOW_S3_RETRY_SECONDS" in job_env:
             _check_retry_seconds(job_env["ALIGNFLOW_S3_RETRY_SECONDS"])
@@ -101,6 +107,8 @@ class PlatformDefaults:
                                   "MLFLOW_TRACKING_PASSWORD in a Secret and name it in ALIGNFLOW_MLFLOW_SECRET")
             job_env["MLFLOW_TRACKING_URI"] = uri
         return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
+                   job_kind=check_job_kind(value["ALIGNFLOW_JOB_KIND"]),
+                   trainer_runtime=value["ALIGNFLOW_TRAINER_RUNTIME"],
                    mlflow_secret=value["ALIGNFLOW_MLFLOW_SECRET"],
                    node_selector=_json_value(environ, "ALIGNFLOW_NODE_SELECTOR", dict),
                    tolerations=_json_value(environ, "ALIGNFLOW_TOLERATIONS", list),

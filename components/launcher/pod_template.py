@@ -53,12 +53,17 @@ def resources(spec: JobSpec) -> dict:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
-def environment(spec: JobSpec) -> list[dict]:
-    """Plain values first, then values read from Secrets (never copied into the manifest)."""
+def plain_environment(spec: JobSpec) -> dict[str, str]:
+    """The container's plain (not secret) environment, whatever the job's kind."""
     # torchrun's agent waits this long for its workers after forwarding SIGTERM before it kills them
     # (torch's default: 30 s); as long as the pod's grace period, it never cuts a stopping checkpoint short.
     plain = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": spec.termination_grace_period_seconds, **spec.env}
-    env = [{"name": k, "value": str(v)} for k, v in sorted(plain.items())]
+    return {key: str(value) for key, value in sorted(plain.items())}
+
+
+def environment(spec: JobSpec) -> list[dict]:
+    """Plain values first, then values read from Secrets (never copied into the manifest)."""
+    env = [{"name": k, "value": v} for k, v in plain_environment(spec).items()]
     for item in spec.secret_env:
         reference = {"name": item.secret, "key": item.key}
         if item.optional:

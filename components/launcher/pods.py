@@ -1,6 +1,6 @@
 """Looking at a job's pods while it runs: why one is stuck Pending, and what the trainer prints.
 
-- `PodMonitor` lists the job's pods (label `training.kubeflow.org/job-name=<job>`) and the events
+- `PodMonitor` lists the job's pods (the kind's label selector) and the events
   of the Pending ones. A pod is stuck when the scheduler cannot place it (PodScheduled=False,
   reason Unschedulable: an untolerated taint, `Insufficient nvidia.com/gpu`, ...), when a
   container cannot start (ErrImagePull, ImagePullBackOff, InvalidImageName,
@@ -8,7 +8,8 @@
   event names another reason (FailedMount, FailedCreatePodSandBox). Each new reason is logged as
   one line; a pod stuck for longer than the pending limit fails the task (`PodsStuckPending`).
   A pod that is merely slow (pulling a large image) is not stuck.
-- `LogFollower` copies the rank-0 pod's `pytorch` log into the component's log, each line
+- `LogFollower` copies the rank-0 pod's trainer log (the kind's container: `pytorch` of a
+  PyTorchJob, `node` of a TrainJob) into the component's log, each line
   prefixed with the pod's name. It polls with `sinceSeconds` and `timestamps=true` and drops
   lines it has already copied, so a line is copied once even though polls overlap.
 
@@ -28,7 +29,6 @@ from trainer.errors import LaunchError
 
 logger = logging.getLogger(__name__)
 
-JOB_LABEL = "training.kubeflow.org/job-name"
 STUCK_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                          "CreateContainerError")
 FIRST_LOG_LINES = 200  # on (re-)attaching, older lines are left in the pod
@@ -60,20 +60,6 @@ def pending_reason(pod) -> PendingReason | None:
         waiting = container.state.waiting if container.state else None
         if waiting is not None and waiting.reason in STUCK_WAITING_REASONS:
             return PendingReason(waiting.reason, waiting.message or "")
-    return None
-
-
-def rank_zero_pod(pods: list) -> str | None:
-    """The pod whose log is the trainer's: master-0, else worker-0 (an elastic job); None before it starts."""
-    def replica(pod) -> tuple[str, str]:
-        labels = pod.metadata.labels or {}
-        return (labels.get("training.kubeflow.org/replica-type", ""),
-                labels.get("training.kubeflow.org/replica-index", ""))
-
-    for wanted in (("master", "0"), ("worker", "0")):
-        for pod in pods:
-            if replica(pod) == wanted and pod.status is not None and pod.status.phase != "Pending":
-                return pod.metadata.name
     return None
 
 
@@ -113,20 +99,25 @@ class PodMonitor:
         namespace: The job's namespace.
         job_name: The job's name.
         pending_timeout: Seconds a pod may stay stuck Pending.
+        selector: The label selector of the job's pods (the job kind's).
+        what: How messages name the job (`PyTorchJob ns/name`).
     """
 
-    def __init__(self, core, namespace: str, job_name: str, pending_timeout: float) -> None:
+    def __init__(self, core, namespace: str, job_name: str, pending_timeout: float, *, selector: str,
+                 what: str) -> None:
         self.core = core
         self.namespace = namespace
         self.job_name = job_name
         self.pending_timeout = pending_timeout
+        self.selector = selector
+        self.what = what
         self.stuck_since: dict[str, float] = {}
         self.reported: dict[str, PendingReason] = {}
         self.courtesy = _Courtesy()
 
     def list_pods(self) -> list:
         listing = self.courtesy.call("list the job's pods", self.core.list_namespaced_pod, self.namespace,
-                                     label_selector=f"{JOB_LABEL}={self.job_name}")
+                                     label_selector=self.selector)
         return listing.items if listing is not None else []
 
     def latest_warning(self, pod_name: str):
@@ -154,7 +145,7 @@ class PodMonitor:
                 logger.warning("pod %s is Pending: %s: %s", name, reason.reason, reason.message)
             if now - since > self.pending_timeout:
                 raise PodsStuckPending(
-                    f"PyTorchJob {self.namespace}/{self.job_name}: pod {name} stayed Pending for {now - since:.0f} s "
+                    f"{self.what}: pod {name} stayed Pending for {now - since:.0f} s "
                     f"(pending limit {self.pending_timeout:g} s): {reason.reason}: {reason.message}")
 
     def _reason(self, pod) -> PendingReason | None:
@@ -179,16 +170,18 @@ def _timestamp_key(stamp: str) -> tuple[str, int] | None:
 
 
 class LogFollower:
-    """Copies new lines of one pod's `pytorch` log into the component's log, each once.
+    """Copies new lines of one pod's trainer container log into the component's log, each once.
 
     Args:
         core: A `kubernetes.client.CoreV1Api`.
         namespace: The pods' namespace.
+        container: The trainer's container (the job kind's).
     """
 
-    def __init__(self, core, namespace: str) -> None:
+    def __init__(self, core, namespace: str, container: str = "pytorch") -> None:
         self.core = core
         self.namespace = namespace
+        self.container = container
         self.pod: str | None = None
         self.last_stamp: tuple[str, int] | None = None
         self.last_read: float | None = None
@@ -200,7 +193,7 @@ class LogFollower:
             return
         if pod != self.pod:
             self.pod, self.last_stamp, self.last_read = pod, None, None
-        options: dict = {"container": "pytorch", "timestamps": True, "limit_bytes": LOG_LIMIT_BYTES}
+        options: dict = {"container": self.container, "timestamps": True, "limit_bytes": LOG_LIMIT_BYTES}
         if self.last_read is None:
             options["tail_lines"] = FIRST_LOG_LINES
         else:

@@ -1,4 +1,7 @@
-"""What every stage component does: write the stage config, launch its PyTorchJob, read its results.
+"""What every stage component does: write the stage config, launch its job, read its results.
+
+The job is a PyTorchJob or a TrainJob on Kubernetes (`job_kinds.py` picks the kind), or the
+PyTorchJob manifest run as local processes (`local.py`).
 
 A component passes its KFP inputs as URIs. The job's checkpoints and logs live under `job_root`
 (keyed by pipeline run and task, so a retried task resumes from its checkpoint), and its final
@@ -46,11 +49,16 @@ class ClusterOptions:
     """Where and how a stage's job runs. Fields named like JobSpec's pass straight to the manifest."""
 
     mode: str = "local"
-    """`local` (processes on this machine) or `kubernetes` (a PyTorchJob)."""
+    """`local` (processes on this machine) or `kubernetes` (a PyTorchJob or a TrainJob)."""
+    job_kind: str = "auto"
+    """On Kubernetes: `trainjob`, `pytorchjob`, or `auto` (TrainJob where the cluster serves it, see job_kinds.py)."""
+    trainer_runtime: str = "torch-distributed"
+    """The TrainingRuntime or ClusterTrainingRuntime a TrainJob references (the chart's own by default)."""
     image: str = "alignflow-trainer:latest"
     namespace: str = field(default_factory=current_namespace)
     num_nodes: int = 1
-    """Pods; more than one runs an elastic job (c10d rendezvous) of Worker replicas."""
+    """Pods; more than one runs an elastic PyTorchJob of Worker replicas (c10d rendezvous), or a TrainJob of that
+    many nodes (static rendezvous on node 0)."""
     nproc_per_node: int = 1
     gpus_per_node: int = 0
     gpu_resource: str = "nvidia.com/gpu"
@@ -135,23 +143,29 @@ def termination_grace_seconds(config: dict, cluster: ClusterOptions) -> int:
     return max(cluster.termination_grace_period_seconds, math.ceil(grace) + PREEMPTION_MARGIN_SECONDS)
 
 
-def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
-                   config: dict | None = None) -> dict:
-    """The PyTorchJob a stage component creates; `config` (the stage config) sets the pods' grace period."""
+def stage_spec(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
+               config: dict | None = None) -> JobSpec:
+    """What decides a stage's job, whatever its kind; `config` (the stage config) sets the pods' grace period."""
     shared = {name: getattr(cluster, name) for name in JobSpec.__dataclass_fields__ if hasattr(cluster, name)}
     shared.pop("env")
     shared["termination_grace_period_seconds"] = termination_grace_seconds(config or {}, cluster)
-    spec = JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
+    return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
                    secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
-    return build_pytorchjob(spec)
+
+
+def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
+                   config: dict | None = None) -> dict:
+    """The PyTorchJob manifest of a stage (what local mode runs, and the PyTorchJob kind creates)."""
+    return build_pytorchjob(stage_spec(stage, config_uri, run_id, task, cluster, config=config))
 
 
 def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: str, run_id: str, task: str,
                   cluster: ClusterOptions) -> dict[str, float]:
-    """Launch `python -m trainer <stage>` as a PyTorchJob and return its final metrics.
+    """Launch `python -m trainer <stage>` as a job and return its final metrics.
 
-    The platform's allow-lists are checked first, in both modes, before anything is written.
+    The platform's allow-lists, the job's values and (on Kubernetes) the job kind the cluster serves
+    are checked first, in both modes, before anything is written.
     """
     if cluster.mode not in ("local", "kubernetes"):
         raise LaunchError(f"launcher_mode is {cluster.mode!r}, expected 'local' or 'kubernetes'")
@@ -160,19 +174,25 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
     # A training stage exports its model to the component's output Model; `evaluate` exports nothing.
     config = {**config, "output_dir": job_root} | ({"export_dir": model_uri} if model_uri else {})
     config_uri = join_uri(job_root, f"{stage}.yaml")
-    manifest = stage_manifest(stage, config_uri, run_id, task, cluster, config=config)
+    spec = stage_spec(stage, config_uri, run_id, task, cluster, config=config)
     storage = get_storage(job_root)
-    storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
     if cluster.mode == "local":
         from components.launcher.local import run_local
 
+        manifest = build_pytorchjob(spec)
+        storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         run_local(manifest, timeout=cluster.timeout_seconds, log=print)
     else:
-        from components.launcher.kubernetes import KubernetesLauncher
+        from components.launcher.job_kinds import choose_job_kind
+        from components.launcher.kubernetes import KubernetesLauncher, load_api_client
 
-        launcher = KubernetesLauncher(poll_seconds=cluster.poll_seconds,
+        api_client = load_api_client()
+        kind = choose_job_kind(api_client, spec.namespace, cluster.job_kind, cluster.trainer_runtime)
+        launcher = KubernetesLauncher(api_client, kind=kind, poll_seconds=cluster.poll_seconds,
                                       pending_timeout_seconds=cluster.pending_timeout_seconds)
-        launcher.run(manifest, timeout=cluster.timeout_seconds)
+        request = kind.build(spec)
+        storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
+        launcher.run(request, timeout=cluster.timeout_seconds)
     return json.loads(storage.read_bytes(join_uri(job_root, "final_metrics.json")))
 
 

@@ -43,7 +43,7 @@ def open_lineage(
 
 @dsl.component(base_image=LAUNCHER_IMAGE)
 def finish_run(run_id: str, status: dsl.PipelineTaskFinalStatus, launcher_mode: str = "kubernetes") -> str:
-    """The pipelines' exit handler: delete the run's PyTorchJobs, then close its MLflow parent run.
+    """The pipelines' exit handler: delete the run's training jobs, then close its MLflow parent run.
 
     Runs however the stages ended. The jobs go as `cleanup_jobs` deletes them (labelled
     alignflow/run); the parent run is marked FINISHED, FAILED or KILLED after KFP's final state. An

@@ -132,15 +132,17 @@ def open_pipeline_run(*, pipeline: str, version: str, kfp_run_id: str, datasets:
 
 
 def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
-    """Delete the run's PyTorchJobs (labelled alignflow/run) in this pod's namespace, as `cleanup_jobs` does;
-    `local` mode has none (the local launcher stops its processes itself)."""
+    """Delete the run's jobs (PyTorchJobs or TrainJobs labelled alignflow/run) in this pod's namespace, as
+    `cleanup_jobs` does; `local` mode has none (the local launcher stops its processes itself)."""
     if launcher_mode != "kubernetes":
         return []
-    from components.launcher.kubernetes import KubernetesLauncher
+    from components.launcher import kubernetes
+    from components.launcher.platform import PlatformDefaults
     from components.launcher.stage_job import current_namespace, run_label
 
-    deleted = KubernetesLauncher().delete_run_jobs(current_namespace(), run_label(kfp_run_id))
-    logger.info("deleted %d PyTorchJob(s): %s", len(deleted), ", ".join(deleted) or "-")
+    deleted = kubernetes.delete_run_jobs(current_namespace(), run_label(kfp_run_id),
+                                         PlatformDefaults.from_environment().job_kind)
+    logger.info("deleted %d job(s): %s", len(deleted), ", ".join(deleted) or "-")
     return deleted
 
 

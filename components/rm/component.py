@@ -1,4 +1,4 @@
-"""train_reward_model: a Bradley-Terry reward model as a PyTorchJob."""
+"""train_reward_model: a Bradley-Terry reward model as a training job (TrainJob or PyTorchJob)."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
@@ -46,9 +46,10 @@ def train_reward_model(
         micro_batch_size: Samples (or pairs) per rank per forward pass.
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         settings: Any other config fields, as {"dotted.key": value}.
-        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
-        num_nodes: Nodes (Master plus Workers).
+        launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
+            its nodes as local processes.
+        trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).
+        num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.

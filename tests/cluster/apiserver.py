@@ -2,14 +2,19 @@
 
 It serves the REST paths the real `kubernetes` client calls, in the API's own JSON shapes:
 create/get/list/watch/replace/patch/delete of core objects (pods, secrets, configmaps, events,
-services, nodes) and of `kubeflow.org/v1` PyTorchJobs, and pod logs (with `tailLines` and
-`follow`). Like a real server it
+services, nodes), of `kubeflow.org/v1` PyTorchJobs and of Kubeflow Trainer v2's
+`trainer.kubeflow.org/v1alpha1` TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes (each custom
+resource only when the cluster `serves` it: a cluster with only the Training Operator, only Kubeflow
+Trainer, or both), discovery of an API group version (`/apis/<group>/<version>`, which every
+authenticated account may read), and pod logs (with `tailLines` and `follow`). Like a real server it
 
 - authenticates the bearer token and authorizes each call against RBAC rules (403 names the verb,
   the resource and the namespace, as the real message does);
-- validates PyTorchJobs against the CRD schema in `../shared/schemas/`: a schema violation is 422
-  Invalid; an unknown field is pruned and answered with a `Warning` header (the server's default
-  `fieldValidation=Warn`), and recorded in `warnings` so a test can insist there are none;
+- validates custom resources against their CRDs' schemas (vendored in `tests/schemas/`): a schema
+  violation is 422 Invalid; an unknown field is pruned and answered with a `Warning` header (the
+  server's default `fieldValidation=Warn`), and recorded in `warnings` so a test can insist there are
+  none; then runs the admission webhook registered for the resource (Kubeflow Trainer's for TrainJobs,
+  `trainer_controller.py`), whose refusal is a 422 naming the webhook;
 - keeps resourceVersions (409 on a stale update), replays watches from a resourceVersion, and
   answers 410 Gone (as a watch ERROR event) once that version was compacted away;
 - can be told to fail requests (`Fault`: a status such as 503 or 429, or a dropped connection),
@@ -33,15 +38,23 @@ from typing import Any
 
 from tests.cluster.store import Store
 
-# resource -> (API group, namespaced, kind)
+# resource -> (API group, namespaced, kind, version)
 RESOURCES = {
-    "pods": ("", True, "Pod"), "secrets": ("", True, "Secret"), "configmaps": ("", True, "ConfigMap"),
-    "events": ("", True, "Event"), "services": ("", True, "Service"), "serviceaccounts": ("", True, "ServiceAccount"),
-    "nodes": ("", False, "Node"), "pytorchjobs": ("kubeflow.org", True, "PyTorchJob"),
+    "pods": ("", True, "Pod", "v1"), "secrets": ("", True, "Secret", "v1"),
+    "configmaps": ("", True, "ConfigMap", "v1"), "events": ("", True, "Event", "v1"),
+    "services": ("", True, "Service", "v1"), "serviceaccounts": ("", True, "ServiceAccount", "v1"),
+    "nodes": ("", False, "Node", "v1"), "pytorchjobs": ("kubeflow.org", True, "PyTorchJob", "v1"),
+    "trainjobs": ("trainer.kubeflow.org", True, "TrainJob", "v1alpha1"),
+    "trainingruntimes": ("trainer.kubeflow.org", True, "TrainingRuntime", "v1alpha1"),
+    "clustertrainingruntimes": ("trainer.kubeflow.org", False, "ClusterTrainingRuntime", "v1alpha1"),
 }
+CUSTOM_RESOURCES = {"pytorchjobs", "trainjobs", "trainingruntimes", "clustertrainingruntimes"}
+TRAINING_OPERATOR = frozenset({"pytorchjobs"})
+KUBEFLOW_TRAINER = frozenset({"trainjobs", "trainingruntimes", "clustertrainingruntimes"})
 CORE = re.compile(r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$")
 GROUP = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)"
                    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$")
+DISCOVERY = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/?$")
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
@@ -109,10 +122,13 @@ def _matches(allowed: list[str], value: str) -> bool:
 class ApiServer:
     """The server. `log_source(namespace, pod, container)` returns the kubelet's log of a container."""
 
-    def __init__(self, store: Store, ssl_context: Any, validator: Callable[[dict], list[str]] | None = None) -> None:
+    def __init__(self, store: Store, ssl_context: Any, serves: frozenset[str] = TRAINING_OPERATOR | KUBEFLOW_TRAINER) -> None:
         self.store = store
         self.authorizer = Authorizer()
-        self.validator = validator
+        self.serves = frozenset(serves)
+        """The custom resources this cluster has CRDs for; the others answer 404 like any unknown path."""
+        self.admission: dict[str, Callable[[dict], list[str]]] = {}
+        """resource -> a validating webhook: the problems it finds in an object about to be created."""
         self.faults: list[Fault] = []
         self.requests: list[Request] = []
         self.warnings: list[str] = []
@@ -167,11 +183,27 @@ class ApiServer:
             errors.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of "
                           "lower case alphanumeric characters, '-' or '.'")
         pruned: list[str] = []
-        if resource == "pytorchjobs" and self.validator is not None:
-            problems = self.validator(obj)
+        if resource in CUSTOM_RESOURCES:
+            from tests.schemas import problems as crd_problems
+
+            problems = crd_problems(f"{resource}.{RESOURCES[resource][0]}", obj)
             errors += [p for p in problems if not p.startswith("unknown field ")]
             pruned = [p.removeprefix("unknown field ") for p in problems if p.startswith("unknown field ")]
         return errors, pruned
+
+    def is_served(self, resource: str) -> bool:
+        return resource not in CUSTOM_RESOURCES or resource in self.serves
+
+    def discovery(self, group: str, version: str) -> dict | None:
+        """The APIResourceList of a served group version, or None (404) when it serves nothing there."""
+        served = [(name, spec) for name, spec in RESOURCES.items()
+                  if spec[0] == group and spec[3] == version and self.is_served(name)]
+        if not served:
+            return None
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+                "resources": [{"name": name, "singularName": spec[2].lower(), "namespaced": spec[1], "kind": spec[2],
+                               "verbs": verbs} for name, spec in served]}
 
 
 def prune(obj: dict, paths: list[str]) -> None:
@@ -222,9 +254,9 @@ def status_body(code: int, reason: str, message: str, details: dict | None = Non
 
 
 def copy_for_kind(resource: str, obj: dict) -> dict:
-    group, _, kind = RESOURCES[resource]
+    group, _, kind, version = RESOURCES[resource]
     out = copy.deepcopy(obj)
-    out.setdefault("apiVersion", f"{group}/v1" if group else "v1")
+    out.setdefault("apiVersion", f"{group}/{version}" if group else version)
     out.setdefault("kind", kind)
     return out
 

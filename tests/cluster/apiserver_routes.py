@@ -10,7 +10,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from tests.cluster.apiserver import CORE, GROUP, RESOURCES, copy_for_kind, merge_patch, prune, status_body
+from tests.cluster.apiserver import CORE, DISCOVERY, GROUP, RESOURCES, copy_for_kind, merge_patch, prune, status_body
 from tests.cluster.store import Conflict, NotFound, now_rfc3339
 
 WATCH_DEFAULT_SECONDS = 1800
@@ -51,8 +51,11 @@ class Routes:
         api = self.server_api
         url = urllib.parse.urlparse(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        discovery = DISCOVERY.match(url.path) if method == "GET" else None
+        if discovery:
+            return self._discovery(discovery.group("group"), discovery.group("version"))
         match = CORE.match(url.path) or GROUP.match(url.path)
-        if not match or match.group("res") not in RESOURCES:
+        if not match or match.group("res") not in RESOURCES or not api.is_served(match.group("res")):
             return self.send_status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
         resource, namespace = match.group("res"), match.group("ns") or ""
         name, sub = match.group("name"), match.group("sub")
@@ -92,6 +95,16 @@ class Routes:
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    def _discovery(self, group: str, version: str) -> None:
+        """`/apis/<group>/<version>`: any authenticated account may read it (the `system:discovery` role)."""
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or token.strip() not in self.server_api.authorizer.tokens:
+            return self.send_status(401, "Unauthorized", "Unauthorized")
+        listing = self.server_api.discovery(group, version)
+        if listing is None:
+            return self.send_status(404, "NotFound", "the server could not find the requested resource")
+        return self.send_json(200, listing)
+
     @staticmethod
     def _verb(method: str, name: str | None, is_watch: bool) -> str:
         if method == "GET":
@@ -109,8 +122,8 @@ class Routes:
         if verb == "list":
             items, revision = store.list(resource, namespace or None, query.get("labelSelector", ""),
                                          query.get("fieldSelector", ""))
-            group, _, kind = RESOURCES[resource]
-            return self.send_json(200, {"kind": f"{kind}List", "apiVersion": f"{group}/v1" if group else "v1",
+            group, _, kind, version = RESOURCES[resource]
+            return self.send_json(200, {"kind": f"{kind}List", "apiVersion": f"{group}/{version}" if group else version,
                                         "metadata": {"resourceVersion": str(revision)},
                                         "items": [copy_for_kind(resource, item) for item in items]})
         if verb == "watch":
@@ -125,13 +138,21 @@ class Routes:
 
     # ---- writes
 
-    def _checked(self, resource: str, obj: dict) -> tuple[dict | None, dict[str, str]]:
-        """The object to store and the response headers, or None after answering 422."""
+    def _checked(self, resource: str, obj: dict, admit: bool = False) -> tuple[dict | None, dict[str, str]]:
+        """The object to store and the response headers, or None after answering 422 (a schema violation, or
+        with `admit` a refusal of the resource's admission webhook)."""
         api = self.server_api
         errors, unknown = api.validate(resource, obj)
-        _, _, kind = RESOURCES[resource]
+        _, _, kind, _ = RESOURCES[resource]
         group = RESOURCES[resource][0]
         name = obj.get("metadata", {}).get("name", "")
+        webhook = api.admission.get(resource) if admit and not errors else None
+        refused = webhook(obj) if webhook is not None else []
+        if refused:
+            message = f'{kind}.{group} "{name}" is invalid: ' + "; ".join(refused)
+            self.send_status(422, "Invalid", f'admission webhook "validator.{kind.lower()}.{group}" denied the '
+                             f"request: {message}", {"name": name, "group": group, "kind": kind})
+            return None, {}
         if errors:
             self.send_status(422, "Invalid", f'{kind}.{group or "core"} "{name}" is invalid: ' + "; ".join(errors),
                              {"name": name, "group": group, "kind": kind,
@@ -151,7 +172,7 @@ class Routes:
         body["metadata"].pop("resourceVersion", None)
         if not body["metadata"].get("name") and body["metadata"].get("generateName"):
             body["metadata"]["name"] = body["metadata"]["generateName"] + str(time.monotonic_ns())[-5:]
-        obj, headers = self._checked(resource, body)
+        obj, headers = self._checked(resource, body, admit=True)
         if obj is not None:
             self.send_json(201, copy_for_kind(resource, self.server_api.store.create(resource, obj)), headers)
 

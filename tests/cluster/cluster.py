@@ -1,7 +1,10 @@
-"""An emulated Kubernetes cluster on this machine: API server, scheduler, kubelet, Training Operator.
+"""An emulated Kubernetes cluster on this machine: API server, scheduler, kubelet, and the training controllers.
 
 `Cluster` starts the API server (`apiserver.py`) and one control loop that, every 0.1 s, lets the
-Training Operator reconcile PyTorchJobs, binds Pending pods to nodes (`scheduler.py`; a pod that
+Training Operator reconcile PyTorchJobs and Kubeflow Trainer reconcile TrainJobs
+(`training_operator.py`, `trainer_controller.py`; each only where the cluster `serves` its API: a
+cluster set up today has Kubeflow Trainer v2 and no PyTorchJob CRD), binds Pending pods to nodes
+(`scheduler.py`; a pod that
 fits nowhere stays Pending with `PodScheduled=False/Unschedulable` and a FailedScheduling event)
 and lets the kubelet run, follow and stop containers (`kubelet.py`). Tests create what a
 platform team would: nodes, a namespace's Secrets and ConfigMaps, service accounts with RBAC
@@ -11,7 +14,6 @@ platform team would: nodes, a namespace's Secrets and ConfigMaps, service accoun
 from __future__ import annotations
 
 import base64
-import functools
 import secrets
 import threading
 import time
@@ -19,12 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.apiserver import ApiServer
+from tests.cluster.apiserver import KUBEFLOW_TRAINER, TRAINING_OPERATOR, ApiServer
 from tests.cluster.kubelet import Kubelet, record_event, set_condition
 from tests.cluster.sandbox import ImageRoot
 from tests.cluster.scheduler import choose_node, pod_requests
-from tests.cluster.store import Store
+from tests.cluster.store import Store, now_rfc3339
 from tests.cluster.tls import server_context, write_serving_certificate
+from tests.cluster.trainer_controller import TrainerController
 from tests.cluster.training_operator import TrainingOperator
 
 ADMIN = "kubernetes-admin"
@@ -42,49 +45,45 @@ def node(name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, labe
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-@functools.lru_cache(maxsize=1)
-def _validator() -> Any:
-    from tests.components.launcher.crd import pytorchjob_validator
-
-    return pytorchjob_validator()
-
-
-def crd_problems(job: dict) -> list[str]:
-    """What the PyTorchJob CRD's schema says about `job`: errors, and `unknown field <path>` for pruned fields."""
-    problems = []
-    for error in _validator().iter_errors(job):
-        path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
-        if error.validator == "additionalProperties":
-            known = set((error.schema or {}).get("properties", {}))
-            problems += [f"unknown field {path + '.' if path else ''}{key}" for key in error.instance if key not in known]
-        else:
-            problems.append(f"{path or '<root>'}: Invalid value: {error.message}")
-    return problems
-
-
 class Cluster:
-    """The whole emulated cluster; use as a context manager."""
+    """The whole emulated cluster; use as a context manager.
+
+    Args:
+        workdir: Where the pods' folders and the API's certificate go.
+        nodes: Node objects (`node()`).
+        images: Images the nodes can pull; None: any.
+        image_users: image prefix -> (uid, gid, HOME) of the image's user.
+        serves: The training APIs installed: `TRAINING_OPERATOR` (PyTorchJobs), `KUBEFLOW_TRAINER` (TrainJobs
+            and runtimes), or both (the default).
+    """
 
     def __init__(self, workdir: Path, nodes: list[dict], images: set[str] | None = None,
                  image_users: dict[str, tuple[int, int, str]] | None = None,
-                 image_roots: dict[str, ImageRoot] | None = None) -> None:
+                 image_roots: dict[str, ImageRoot] | None = None,
+                 serves: frozenset[str] = TRAINING_OPERATOR | KUBEFLOW_TRAINER) -> None:
         self.workdir = workdir
         self.store = Store()
         cert, key = write_serving_certificate(workdir / "pki")
         self.ca_pem = cert.read_bytes()
         self.ca_path = cert
-        self.api = ApiServer(self.store, server_context(cert, key), validator=crd_problems)
+        self.api = ApiServer(self.store, server_context(cert, key), serves=serves)
         self.kubelet = Kubelet(self.store, workdir / "pods", self.api.port, self.ca_pem, self.issue_token, images)
         self.kubelet.image_users = dict(image_users or {})
         self.kubelet.image_roots = dict(image_roots or {})
         self.api.log_source = self.kubelet.log
         self.operator = TrainingOperator(self.store, self.kubelet)
+        self.trainer = TrainerController(self.store, self.kubelet)
+        self.api.admission["trainjobs"] = self.trainer.admit
         self.admin_token = secrets.token_hex(16)
         self.api.authorizer.add_token(self.admin_token, ADMIN)
         self.api.authorizer.grant(ADMIN, [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}])
         self.roles: dict[tuple[str, str], list[dict]] = {}
         for item in nodes:
             self.store.create("nodes", item)
+        if "trainjobs" in self.api.serves:  # what a Kubeflow Trainer install publishes (the SDK reads it)
+            self.store.create("configmaps", {"metadata": {"name": "kubeflow-trainer-public",
+                                                          "namespace": "kubeflow-system"},
+                                             "data": {"kubeflow_trainer_version": "v2.3.0"}})
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._control_loop, daemon=True, name="control-loop")
         self.errors: list[str] = []
@@ -130,6 +129,16 @@ class Cluster:
                 self.api.authorizer.grant(user, rules, scope)
         elif kind in ("ConfigMap", "Secret", "ServiceAccount", "Service", "Pod"):
             self.store.create(kind.lower() + "s", {**manifest, "metadata": meta})
+        elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+            resource = kind.lower() + "s"
+            if not self.api.is_served(resource):  # what `kubectl apply` / `helm install` answer without the CRD
+                raise ValueError(f'no matches for kind "{kind}" in version "{manifest["apiVersion"]}"')
+            if kind == "ClusterTrainingRuntime":
+                meta.pop("namespace")
+            errors, pruned = self.api.validate(resource, manifest)
+            if errors or pruned:
+                raise ValueError(f"{kind} {meta['name']} is invalid: {errors + pruned}")
+            self.store.create(resource, {**manifest, "metadata": meta})
         else:
             raise ValueError(f"the emulated cluster does not apply {kind}")
 
@@ -142,6 +151,16 @@ class Cluster:
         configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
         return client.ApiClient(configuration)
 
+    def evict(self, namespace: str, pod: str) -> None:
+        """What the eviction API does (a node drain, a preemption): the pod's DisruptionTarget condition, then a
+        graceful delete (SIGTERM, the grace period, SIGKILL)."""
+        def disrupt(p: dict) -> None:
+            set_condition(p.setdefault("status", {}), "DisruptionTarget", "True", "EvictionByEvictionAPI",
+                          "Eviction API: evicting")
+            p["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+
+        self.store.mutate("pods", namespace, pod, disrupt)
+
     # ---- observing
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -153,8 +172,9 @@ class Cluster:
             time.sleep(0.1)
         raise TimeoutError(f"{what}: not within {timeout:g} s")
 
-    def jobs(self, namespace: str | None = None) -> list[dict]:
-        return self.store.list("pytorchjobs", namespace)[0]
+    def jobs(self, namespace: str | None = None, resource: str = "pytorchjobs") -> list[dict]:
+        """The PyTorchJobs (or, with `resource="trainjobs"`, the TrainJobs) in `namespace` (None: all)."""
+        return self.store.list(resource, namespace)[0]
 
     def pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict]:
         return self.store.list("pods", namespace, label_selector)[0]
@@ -166,7 +186,7 @@ class Cluster:
 
     def _control_loop(self) -> None:
         while not self._stop.is_set():
-            for step in (self.operator.sync, self._schedule, self.kubelet.sync):
+            for step in (self.operator.sync, self.trainer.sync, self._schedule, self.kubelet.sync):
                 try:
                     step()
                 except Exception as err:  # a bug in an emulator must show, not hang the test

@@ -1,9 +1,11 @@
 """Fixtures of the cluster-faithful tests: an S3 store, the emulated cluster set up as a platform team would.
 
 The setup follows the README's cluster steps: a namespace where KFP runs pipelines as a service
-account, the chart installed (its defaults ConfigMap and launcher Role, rendered by the real Helm
-engine from the values a platform team writes), the S3 credentials Secret, and the pipeline
-compiled (what `alignflow compile` and the chart's upload job produce) and run.
+account, the chart installed (its defaults ConfigMap and launcher Role, and on a Kubeflow Trainer
+cluster its TrainingRuntime, rendered by the real Helm engine from the values a platform team
+writes), the S3 credentials Secret, and the pipeline compiled (what `alignflow compile` and the
+chart's upload job produce) and run. A cluster serves one kind of training job (`KINDS`): Kubeflow
+Trainer v2's TrainJobs (the default, a cluster set up today) or the Training Operator's PyTorchJobs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from tests.cluster import kfp_ir
+from tests.cluster.apiserver import KUBEFLOW_TRAINER, TRAINING_OPERATOR
 from tests.cluster.cluster import Cluster, node
 from tests.cluster.kfp_runner import KfpRun, ObjectStore
 from tests.cluster.sandbox import SandboxUnavailable, built_images, check_available
@@ -37,6 +40,40 @@ DATA_BUCKET = "alignflow"  # the chart's s3.bucket: datasets, models
 # The alignflow images run as their user `alignflow` (uid 1000, images/*/Dockerfile).
 IMAGE_USERS = {"ghcr.io/alignflow/": (1000, 1000, "/home/alignflow")}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A cluster that runs one kind of training job, and how a test finds its jobs."""
+
+    name: str
+    """The launcher's name of the kind (`ALIGNFLOW_JOB_KIND`)."""
+    resource: str
+    """The API resource of its jobs."""
+    serves: frozenset[str]
+    """What the emulated API server serves: Kubeflow Trainer v2 only, or the Training Operator v1 only."""
+
+    def jobs(self, cluster: Cluster) -> list[dict]:
+        return cluster.jobs(resource=self.resource)
+
+    def created(self, cluster: Cluster) -> list[dict]:
+        """Every job of this kind created so far (also the deleted ones)."""
+        return [e.object for e in cluster.store.history if e.resource == self.resource and e.type == "ADDED"]
+
+    def pods(self, cluster: Cluster, job: str) -> list[dict]:
+        label = "jobset.sigs.k8s.io/jobset-name" if self.resource == "trainjobs" else "training.kubeflow.org/job-name"
+        return cluster.pods(NAMESPACE, f"{label}={job}")
+
+    def running(self, cluster: Cluster, stage: str | None = None):
+        """A predicate: a job (of `stage`) has a running pod."""
+        return lambda: any(any(p["status"].get("phase") == "Running" for p in self.pods(cluster, j["metadata"]["name"]))
+                           for j in self.jobs(cluster)
+                           if stage is None or j["metadata"]["labels"].get("alignflow/stage") == stage)
+
+
+# A cluster set up today (Kubeflow Trainer v2, no PyTorchJob CRD), and one with only the Training Operator v1.
+KINDS = {"trainjob": JobKind("trainjob", "trainjobs", KUBEFLOW_TRAINER),
+         "pytorchjob": JobKind("pytorchjob", "pytorchjobs", TRAINING_OPERATOR)}
 
 
 def emulated_nodes() -> list[dict]:
@@ -87,13 +124,15 @@ def render_chart(values: dict) -> list[dict]:
     return [doc for path, text in rendered.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
 
 
-def chart_values(endpoint: str, tracking_uri: str = "") -> dict:
+def chart_values(endpoint: str, tracking_uri: str = "", kind: str = "trainjob") -> dict:
     """What a platform team writes for a MinIO-backed Kubeflow: the S3 endpoint and Secret, the pipeline root,
-    their MLflow server, and how GPU nodes are selected and tolerated."""
+    their MLflow server, and how GPU nodes are selected and tolerated. The job kind is left `auto`; a cluster
+    without Kubeflow Trainer cannot take the chart's TrainingRuntime (no such CRD), so it is not installed there."""
     return {"s3": {"endpoint": endpoint, "credentialsSecret": S3_SECRET, "bucket": DATA_BUCKET},
             "pipelineRoot": PIPELINE_ROOT, "mlflow": {"trackingUri": tracking_uri},
             "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+            "training": {"runtime": {"create": kind == "trainjob"}},
             "scheduling": {"pollSeconds": 1}}  # the launcher looks every second: the emulated jobs are short
 
 
@@ -105,7 +144,7 @@ def install_platform(cluster: Cluster, endpoint: str, *, values: dict | None = N
     for manifest in sorted(manifests, key=lambda m: m["kind"] not in ("Role", "ClusterRole")):
         if manifest["kind"] == "ConfigMap" and not config_map:
             continue
-        if manifest["kind"] in ("ConfigMap", "Role", "RoleBinding", "ServiceAccount"):
+        if manifest["kind"] in ("ConfigMap", "Role", "RoleBinding", "ServiceAccount", "TrainingRuntime"):
             cluster.apply(manifest, NAMESPACE)
     # KFP runs a profile's pipeline pods as default-editor: the chart's own RoleBinding (rbac.pipelineServiceAccounts)
     # must reach that account, with nothing bound by hand.
@@ -145,11 +184,13 @@ class Deployment:
 
 @contextlib.contextmanager
 def deployment(folder: Path, packages: Path, endpoint: str, *, tracking_uri: str = "", values: dict | None = None,
-               secret: bool = True, config_map: bool = True):
-    """A fresh emulated cluster with the platform installed (values: the chart's, default `chart_values`)."""
-    with Cluster(folder, emulated_nodes(), image_users=IMAGE_USERS, image_roots=built_images()) as cluster:
-        manifests = install_platform(cluster, endpoint, values=values or chart_values(endpoint, tracking_uri),
-                                     secret=secret, config_map=config_map)
+               secret: bool = True, config_map: bool = True, kind: str = "trainjob"):
+    """A fresh emulated cluster serving one job kind (`KINDS`) with the platform installed (values: the
+    chart's, default `chart_values`)."""
+    with Cluster(folder, emulated_nodes(), image_users=IMAGE_USERS, image_roots=built_images(),
+                 serves=KINDS[kind].serves) as cluster:
+        values = values or chart_values(endpoint, tracking_uri, kind)
+        manifests = install_platform(cluster, endpoint, values=values, secret=secret, config_map=config_map)
         yield Deployment(cluster, endpoint, manifests, packages)
         assert cluster.errors == [], f"the emulated control plane failed: {cluster.errors}"
 

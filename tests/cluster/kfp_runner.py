@@ -33,6 +33,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,23 @@ class KfpRun:
         if self._thread.is_alive():
             raise TimeoutError(f"run {self.run_id} still running after {timeout} s")
         return self.results
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        """`predicate()` once it is true, as `Cluster.wait_for`; a run that ends first fails at once, naming its
+        failed tasks' errors (a pod that cannot start does not wait out the timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if self._thread is not None and not self._thread.is_alive():
+                failed = {name: r for name, r in self.results.items() if r.state == "FAILED" and r.pod}
+                logs = "".join(f"\n--- {name}: {r.error}\n" + "\n".join(r.log.splitlines()[-40:])
+                               for name, r in failed.items())
+                raise AssertionError(f"{what}: the run ended first; failed tasks: {sorted(failed) or 'none'}{logs}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{what}: not within {timeout:g} s")
+            time.sleep(0.1)
 
     def cancel(self) -> None:
         """Terminate the run: delete the running task's pod (SIGTERM to its container); start nothing more."""
@@ -312,7 +330,7 @@ class KfpRun:
                 if result.state == "FAILED" and not result.error:  # what the KFP UI shows: the log's last line
                     runtime = self.cluster.kubelet.runtime((self.namespace, pod_name))
                     lines = [line for line in (runtime.log.lines if runtime else []) if line.strip()]
-                    result.error = lines[-1] if lines else f"pod {pod_name} failed"
+                    result.error = lines[-1] if lines else _terminated_message(pod) or f"pod {pod_name} failed"
                 return
             reason = pod_pending_reason(pod)
             if phase == "Running" or not reason:
@@ -382,6 +400,15 @@ def pod_pending_reason(pod: dict) -> str:
         waiting = status.get("state", {}).get("waiting")
         if waiting and waiting.get("reason") in WAITING_REASONS:
             return f"{waiting['reason']}: {waiting.get('message', '')}"
+    return ""
+
+
+def _terminated_message(pod: dict) -> str:
+    """Why a container that never ran ended (`StartError: exec: "python3": executable file not found ...`)."""
+    for status in pod["status"].get("containerStatuses", []):
+        terminated = status.get("state", {}).get("terminated") or {}
+        if terminated.get("message"):
+            return f"{terminated.get('reason')}: {terminated['message']}"
     return ""
 
 

@@ -12,8 +12,15 @@ a CrashLoopBackOff back-off that starts at 1 s instead of the kubelet's 10 s and
 then SIGKILL after the grace period) when the pod is deleted. A SIGKILL reaches every descendant of the
 container's process, as a runtime kills a container's cgroup (`kill_container` plays a node loss).
 
+Secret volumes mounted under the pod's own `/run` (`/var/run/...`) get the Secret's keys as files (or
+the volume's `items`), read-only; a Secret that does not exist keeps the pod ContainerCreating with
+the kubelet's FailedMount event, unless the volume is optional. A pod's `hostname` (and its
+`subdomain`, as a Job's indexed pods have) is the container's hostname. A deleted pod that still has
+finalizers (a Job's pods: `batch.kubernetes.io/job-tracking`) keeps its final status, Failed with its
+container's exit code (143 after SIGTERM), until the controller that owns it removes them.
+
 One container per pod (the first); init containers, probes and volumes other than the service
-account are not emulated.
+account and Secrets are not emulated (an emptyDir at /dev/shm is this machine's /dev/shm).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from tests.cluster.store import NotFound, Store, now_rfc3339
 
 logger = logging.getLogger(__name__)
 IMAGE_PATH = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MAX_GRACE_SECONDS = 5.0
+# A pod's grace period is honoured up to this long (the pods here ask for 30 s): a preempted trainer's stopping
+# checkpoint and exit take a few seconds, longer on a busy machine; a process that ignores SIGTERM costs this much.
+MAX_GRACE_SECONDS = 20.0
 # The kubelet's restart back-off starts at 10 s and doubles up to 5 min; here 1 s, doubling up to 10 s.
 RESTART_BACKOFF_SECONDS = 1.0
 MAX_RESTART_BACKOFF_SECONDS = 10.0
@@ -144,9 +153,41 @@ def _field_value(pod: dict, path: str) -> str:
               "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
     if path in simple:
         return simple[path]
-    if path.startswith("metadata.labels['"):
-        return (meta.get("labels") or {}).get(path[len("metadata.labels['"):-2], "")
+    for field_name in ("labels", "annotations"):
+        if path.startswith(f"metadata.{field_name}['"):
+            return (meta.get(field_name) or {}).get(path[len(f"metadata.{field_name}['"):-2], "")
     raise ConfigError(f"fieldRef {path} is not emulated")
+
+
+class VolumeError(Exception):
+    """A volume cannot be set up yet (FailedMount): the pod stays ContainerCreating."""
+
+
+def mount_secret_volumes(store: Store, pod: dict, container: dict, fs: PodFilesystem) -> None:
+    """Write the files of every Secret volume the container mounts. Raises VolumeError (a missing Secret)."""
+    volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes") or []}
+    for mount in container.get("volumeMounts") or []:
+        source = volumes.get(mount["name"], {}).get("secret")
+        if source is None:
+            continue
+        try:
+            secret = _data("secrets", store.get("secrets", pod["metadata"]["namespace"], source["secretName"]))
+        except NotFound:
+            if source.get("optional"):
+                continue
+            raise VolumeError(f'MountVolume.SetUp failed for volume "{mount["name"]}" : secret '
+                              f'"{source["secretName"]}" not found') from None
+        items = source.get("items") or [{"key": key, "path": key} for key in secret]
+        folder = fs.host_path(mount["mountPath"])
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            if item["key"] not in secret:
+                if source.get("optional"):
+                    continue
+                raise VolumeError(f'MountVolume.SetUp failed for volume "{mount["name"]}" : references non-existent '
+                                  f'secret key: {item["key"]}')
+            (folder / item["path"]).write_text(secret[item["key"]])
+            os.chmod(folder / item["path"], 0o644)
 
 
 class Kubelet:
@@ -205,8 +246,9 @@ class Kubelet:
         runtime = self.runtimes.get(key)
         if runtime is None:
             image = self.image_roots.get(pod["spec"]["containers"][0].get("image", ""))
+            hostname = pod["spec"].get("hostname") or key[1]
             runtime = self.runtimes[key] = Runtime(PodFilesystem(self.pods_dir / f"{key[0]}_{key[1]}",
-                                                                 self.hosts.get(key), hostname=key[1], image=image),
+                                                                 self.hosts.get(key), hostname=hostname, image=image),
                                                    ContainerLog())
         if runtime.process is None:
             if time.monotonic() >= runtime.restart_at:
@@ -220,10 +262,14 @@ class Kubelet:
         hooks = self.hooks.get(key)
         if hooks and hooks.after_exit:
             code = hooks.after_exit(runtime.fs, runtime.log, code)
+        self._exited(key, pod, runtime, {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                         "startedAt": runtime.started_at, "finishedAt": now_rfc3339()})
+
+    def _exited(self, key: tuple[str, str], pod: dict, runtime: Runtime, terminated: dict) -> None:
+        """Restart the container per the pod's restartPolicy, or end the pod with `terminated` as its state."""
+        code = terminated["exitCode"]
         policy = pod["spec"].get("restartPolicy", "Always")
         restart = policy == "Always" or (policy == "OnFailure" and code != 0)
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                      "startedAt": runtime.started_at, "finishedAt": now_rfc3339()}
         if restart:
             runtime.process, runtime.restarts = None, runtime.restarts + 1
             backoff = min(RESTART_BACKOFF_SECONDS * 2 ** (runtime.restarts - 1), MAX_RESTART_BACKOFF_SECONDS)
@@ -257,6 +303,12 @@ class Kubelet:
                              event=("Failed", f"Error: {err}"))
             return
         runtime.fs.run_as(uid, gid, home)
+        try:
+            mount_secret_volumes(self.store, pod, container, runtime.fs)
+        except VolumeError as err:
+            self._set_status(key, "Pending", {"waiting": {"reason": "ContainerCreating"}},
+                             event=("FailedMount", str(err)))
+            return
         account = pod["spec"].get("serviceAccountName") or "default"
         if pod["spec"].get("automountServiceAccountToken", True):
             runtime.fs.mount_service_account(key[0], self.issue_token(key[0], account), self.ca_pem)
@@ -273,6 +325,16 @@ class Kubelet:
         except Exception as err:  # the KFP launcher's own failure: the container fails with its message
             runtime.log.append(f"{type(err).__name__}: {err}")
             argv = ["sh", "-c", "exit 1"]
+        if argv and runtime.fs.executable(argv[0], env.get("PATH", "")) is None:
+            # What containerd answers when the image has no such program: the container never starts.
+            message = (f"failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                       f"runc create failed: unable to start container process: exec: \"{argv[0]}\": executable file "
+                       "not found in $PATH: unknown")
+            runtime.started_at = now_rfc3339()
+            record_event(self.store, key[0], key[1], "Warning", "Failed", f"Error: {message}", "kubelet")
+            self._exited(key, pod, runtime, {"exitCode": 128, "reason": "StartError", "message": message,
+                                             "startedAt": runtime.started_at, "finishedAt": runtime.started_at})
+            return
         command, outer_env = runtime.fs.command(argv, env)
         runtime.process = subprocess.Popen(command, env=outer_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, errors="replace", start_new_session=True)
@@ -334,10 +396,30 @@ class Kubelet:
             grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_SECONDS)
             self._stop(runtime, grace)
             runtime.log.finish()
+            if pod["metadata"].get("finalizers"):
+                self._record_end(key, pod, runtime)
+        if pod["metadata"].get("finalizers"):
+            return  # the owner's controller removes its finalizer once it has seen how the pod ended
         try:
             self.store.delete("pods", *key)
         except NotFound:
             pass
+
+    def _record_end(self, key: tuple[str, str], pod: dict, runtime: Runtime) -> None:
+        """A stopped pod's final status: its container's exit code (143 when SIGTERM ended it)."""
+        if pod["status"].get("phase") in ("Succeeded", "Failed") or runtime.process is None:
+            if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                self.store.mutate("pods", *key, lambda p: p["status"].update(phase="Failed"))
+            return
+        code = runtime.process.returncode
+        code = 128 - code if code < 0 else code
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                      "startedAt": runtime.started_at, "finishedAt": now_rfc3339()}
+        self.runtimes[key] = runtime  # _set_status reads it
+        try:
+            self._set_status(key, "Succeeded" if code == 0 else "Failed", {"terminated": terminated})
+        finally:
+            self.runtimes.pop(key, None)
 
     # ---- status
 

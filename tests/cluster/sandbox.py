@@ -6,9 +6,14 @@ and project are there, as in an image), except for the folders a pod owns: `/tmp
 `/home` (the image user's HOME), `/run` (where `/var/run/secrets/kubernetes.io/serviceaccount`
 lives), `/workspace` (its empty working directory, root-owned like an image's WORKDIR) and KFP's
 artifact mounts `/minio`, `/s3` and `/gcs` (world-writable, as KFP's emptyDir volumes); `/root`
-is the pod's too, holding only this machine's Python (pyenv lives there). Those are
-the pod's own folders on the host, so the emulator can play the KFP launcher: download input
+is the pod's too. Those are the pod's own folders on the host, so the emulator can play the KFP launcher: download input
 artifacts into them before the container starts and upload outputs from them afterwards.
+What the image would hold is bound in wherever it lies on this machine (`HOST_BINDS`): the
+checkout (the project the image installs), the virtualenv and the Python it was made from, each at
+its own path, also when that path is under one of the pod's own folders (a clone in `$HOME` or
+`/tmp`, pyenv in `/root`). `executable()` says whether a command can start in the pod, so the kubelet
+fails a container whose program the pod cannot see at once, with the runtime's message, instead of
+letting it exit with a status nobody explains.
 `/etc/hosts` is the pod's own file too, so Service names (`<job>-master-0`) resolve, and the pod has its own
 UTS namespace whose hostname is the pod's name, as in a real pod (torchrun's c10d rendezvous decides
 which agent hosts the store, and which address its workers meet at, from the hostname). The command
@@ -40,8 +45,23 @@ from pathlib import Path
 POD_DIRS = ("tmp", "home", "root", "run", "workspace", "minio", "s3", "gcs")
 MODES = {"tmp": 0o1777, "home": 0o755, "root": 0o755, "run": 0o755, "workspace": 0o755, "minio": 0o777, "s3": 0o777,
          "gcs": 0o777}
-# This machine's Python lives below /root (pyenv), which a pod does not share: bind just that prefix.
-INTERPRETER = sys.base_prefix if sys.base_prefix.startswith("/root/") else ""
+
+
+def _outermost(paths: list[str]) -> tuple[str, ...]:
+    """`paths` without duplicates and without any path inside another one of them."""
+    kept: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in paths if p}, key=len):
+        if not any(path == other or path.startswith(other.rstrip("/") + "/") for other in kept):
+            kept.append(path)
+    return tuple(kept)
+
+
+# What an image would contain, bound into every pod at the same path: the checkout (an editable install
+# imports `trainer`, `components` and `pipelines` from it), the virtualenv, and the Python it was made
+# from. A path under a folder the pod owns (a clone in /home or /tmp, pyenv in /root) would otherwise be
+# hidden by that folder; one elsewhere is bound with the rest of `/` anyway.
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+HOST_BINDS = _outermost([CHECKOUT, sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)])
 WORKDIR = "/workspace"
 SERVICE_ACCOUNT_DIR = "run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run
 
@@ -71,7 +91,7 @@ for name in $POD_DIRS; do mkdir -p "$root/$name"; mount --bind "$pod/fs/$name" "
 for volume in $VOLUMES; do mkdir -p "$root${volume#*=}"; mount --bind "${volume%%=*}" "$root${volume#*=}"; done
 mount --bind "$pod/hosts" "$root/etc/hosts"
 if [ -n "$POD_HOSTNAME" ]; then hostname "$POD_HOSTNAME"; fi
-if [ -n "$INTERPRETER" ]; then mkdir -p "$root$INTERPRETER"; mount --rbind "$INTERPRETER" "$root$INTERPRETER"; fi
+for path in $HOST_BINDS; do mkdir -p "$root$path"; mount --rbind "$path" "$root$path"; done
 if [ "$RUN_AS" = "0:0" ]; then exec chroot "$root" /usr/bin/env -i -C "$WORKDIR" "$@"; fi
 exec chroot "$root" setpriv --reuid "${RUN_AS%:*}" --regid "${RUN_AS#*:}" --clear-groups /usr/bin/env -i -C "$WORKDIR" "$@"
 """
@@ -176,14 +196,61 @@ class PodFilesystem:
         (folder / "token").write_text(token)
         (folder / "ca.crt").write_bytes(ca_pem)
 
+    def visible(self, pod_path: str) -> Path | None:
+        """Where a path inside the pod is on this machine, or None when the pod cannot see it."""
+        path = os.path.normpath(pod_path)
+        if self.image:
+            return self._in_image(path)
+        if any(path == bind or path.startswith(bind + "/") for bind in HOST_BINDS):
+            return Path(path)
+        top = path.lstrip("/").split("/", 1)[0]
+        if top in POD_DIRS or (top == "var" and path.startswith("/var/run/")):
+            return self.host_path(path)
+        return Path(path)
+
+    def _in_image(self, path: str) -> Path | None:
+        """Where `path` of a pod running on a built image is on this machine: its own folders, or the image's
+        file, following the image's symlinks inside the image (as they resolve in the pod)."""
+        top = path.lstrip("/").split("/", 1)[0]
+        if top in IMAGE_POD_DIRS:
+            return self.host_path(path)
+        resolved = Path("/")
+        pending = list(Path(path).parts[1:])
+        for _ in range(64):  # a symlink loop ends in "not visible", as ELOOP in the runtime
+            if not pending:
+                return self.image.path / resolved.relative_to("/")
+            part = pending.pop(0)
+            candidate = resolved.parent if part == ".." else resolved / part
+            on_host = self.image.path / candidate.relative_to("/")
+            if on_host.is_symlink():
+                target = os.readlink(on_host)
+                pending = [*Path(target).parts[1 if target.startswith("/") else 0:], *pending]
+                resolved = Path("/") if target.startswith("/") else resolved
+            else:
+                resolved = candidate
+        return None
+
+    def executable(self, program: str, search_path: str) -> str | None:
+        """The pod's path of `program` as its container runtime would find it (on `search_path` unless it
+        names a path), or None when nothing executable by that name is visible in the pod."""
+        candidates = [program] if "/" in program else [f"{folder}/{program}" for folder in search_path.split(":")
+                                                       if folder.startswith("/")]
+        for candidate in candidates:
+            workdir = self.image.workdir if self.image else WORKDIR
+            where = self.visible(candidate if candidate.startswith("/") else f"{workdir}/{candidate}")
+            if where is not None and where.is_file() and os.access(where, os.X_OK):
+                return candidate
+        return None
+
     def command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """(argv, env) for Popen: `argv` run in the pod's root with exactly `env`, from /workspace."""
         assignments = [f"{key}={value}" for key, value in env.items()]
         outer_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "POD_DIRS": " ".join(POD_DIRS), "WORKDIR": WORKDIR,
-                     "RUN_AS": f"{self.uid}:{self.gid}", "INTERPRETER": INTERPRETER, "POD_HOSTNAME": self.hostname,
-                     "IMAGE_ROOT": "", "VOLUMES": " ".join(f"{host}={path}" for path, host in self.volumes.items())}
-        if self.image:
-            outer_env.update(POD_DIRS=" ".join(IMAGE_POD_DIRS), WORKDIR=self.image.workdir, INTERPRETER="",
+                     "RUN_AS": f"{self.uid}:{self.gid}", "HOST_BINDS": " ".join(HOST_BINDS),
+                     "POD_HOSTNAME": self.hostname, "IMAGE_ROOT": "",
+                     "VOLUMES": " ".join(f"{host}={path}" for path, host in self.volumes.items())}
+        if self.image:  # the image holds the project, the venv and Python: nothing of this machine's is bound
+            outer_env.update(POD_DIRS=" ".join(IMAGE_POD_DIRS), WORKDIR=self.image.workdir, HOST_BINDS="",
                              IMAGE_ROOT=str(self.image.path))
         return ([*_unshare_prefix(), "sh", "-ec", _SETUP, "pod-setup", str(self.base / "mnt"), str(self.base),
                  *assignments, *argv], outer_env)

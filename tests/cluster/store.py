@@ -36,11 +36,29 @@ class WatchEvent:
     object: dict
 
 
+def _split_terms(text: str) -> list[str]:
+    """A selector's comma-separated terms; commas inside `in (a, b)` sets do not split."""
+    terms, depth, current = [], 0, ""
+    for char in text or "":
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    return [term.strip() for term in [*terms, current] if term.strip()]
+
+
 def parse_selector(text: str) -> list[tuple[str, str, str]]:
-    """`a=b,c!=d,e` -> [(key, op, value)] for label and field selectors (equality and existence)."""
+    """`a=b,c!=d,e,f in (x, y),g notin (z)` -> [(key, op, value)] for label and field selectors (equality,
+    existence and sets; a set's value is its members joined by commas)."""
     terms = []
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        if "!=" in item:
+    for item in _split_terms(text):
+        words = item.split(None, 1)
+        if len(words) == 2 and words[1].split("(", 1)[0].strip() in ("in", "notin"):
+            operator, members = words[1].split("(", 1)
+            terms.append((words[0], operator.strip(), ",".join(m.strip() for m in members.rstrip(")").split(","))))
+        elif "!=" in item:
             key, value = item.split("!=", 1)
             terms.append((key, "!=", value))
         elif "=" in item:
@@ -64,7 +82,9 @@ def matches(obj: dict, label_selector: str = "", field_selector: str = "") -> bo
     labels = obj["metadata"].get("labels") or {}
     for key, op, value in parse_selector(label_selector):
         if (op == "=" and labels.get(key) != value) or (op == "!=" and labels.get(key) == value) \
-                or (op == "exists" and key not in labels) or (op == "!" and key in labels):
+                or (op == "exists" and key not in labels) or (op == "!" and key in labels) \
+                or (op == "in" and labels.get(key) not in value.split(",")) \
+                or (op == "notin" and labels.get(key) in value.split(",")):
             return False
     for key, op, value in parse_selector(field_selector):
         if (op == "=" and _field(obj, key) != value) or (op == "!=" and _field(obj, key) == value):

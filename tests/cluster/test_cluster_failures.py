@@ -1,7 +1,13 @@
 """What a platform team meets on a real cluster, on the emulated one: each failure named where it happens.
 
+They run on a Kubeflow Trainer v2 cluster (TrainJobs, the kind a cluster set up today runs); the pending
+limit runs on a Training Operator cluster (PyTorchJobs) too. A PyTorchJob's cancellation and deletion from
+outside are the launcher's shared code, tested against the Kubernetes stand-in for PyTorchJobs
+(tests/components/launcher/test_cancellation.py, test_api_failures.py); here they would cost a
+pipeline run each.
+
 - a missing Secret or ConfigMap stops the first component pod (the kubelet's CreateContainerConfigError)
-  before any PyTorchJob exists;
+  before any job exists;
 - a job whose pods cannot be scheduled (too few GPUs) is reported in the component's log with the
   scheduler's reason, and cancelling the run (SIGTERM to the component) deletes the job;
 - the pending limit set in the chart's values reaches the component through the defaults ConfigMap,
@@ -23,7 +29,7 @@ import time
 import pytest
 
 from tests.cluster import kfp_ir
-from tests.cluster.conftest import NAMESPACE, S3_SECRET, chart_values, deployment, tiny_arguments
+from tests.cluster.conftest import KINDS, NAMESPACE, S3_SECRET, chart_values, deployment, tiny_arguments
 from tests.cluster.kfp_runner import ExecutionCache
 from tests.cluster.training_operator import free_port
 
@@ -40,8 +46,13 @@ def cache():
 TRAINING = ("train-sft", "train-dpo")
 
 
+BOTH_KINDS = pytest.mark.parametrize("kind", [KINDS["trainjob"], KINDS["pytorchjob"]], ids=["trainjob", "pytorchjob"])
+TRAINJOB = KINDS["trainjob"]  # the kind of the deployment() default: a cluster set up today
+
+
 def created_jobs(cluster) -> list[dict]:
-    return [event.object for event in cluster.store.history if event.resource == "pytorchjobs" and event.type == "ADDED"]
+    """The jobs of any kind created so far."""
+    return [job for kind in KINDS.values() for job in kind.created(cluster)]
 
 
 def first_failure(results):
@@ -61,7 +72,7 @@ def test_missing_secret_or_config_map_fails_before_any_job(missing, sandbox, obj
         assert "CreateContainerConfigError" in failed.error and expected in failed.error
         assert all(name not in results or results[name].state != "SUCCEEDED" for name in TRAINING)
         assert created_jobs(platform.cluster) == []
-        assert platform.cluster.api.calls("create", "pytorchjobs") == []
+        assert platform.cluster.api.calls("create", TRAINJOB.resource) == []
 
 
 def test_secret_outside_the_allow_list_fails_before_any_job(sandbox, object_store, tracking_server, tiny_inputs,
@@ -78,31 +89,33 @@ def test_secret_outside_the_allow_list_fails_before_any_job(sandbox, object_stor
 
 def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox, object_store, tracking_server,
                                                                         tiny_inputs, packages, cache, tmp_path):
-    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+    kind = TRAINJOB
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server, kind=kind.name) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
         # Two GPUs per node: the GPU node has one, the CPU node is not selected.
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP,
                            cache=cache).start()
-        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        run.wait_for(lambda: kind.created(cluster), 240, "the SFT job is created")
         created = time.monotonic()
-        cluster.wait_for(lambda: "Insufficient nvidia.com/gpu" in run.pod_log("train-sft"), 60,
-                         "the component reports why the job's pod is Pending")
+        run.wait_for(lambda: "Insufficient nvidia.com/gpu" in run.pod_log("train-sft"), 60,
+                     "the component reports why the job's pod is Pending")
         assert time.monotonic() - created < 60
         log = run.pod_log("train-sft")
         assert "didn't match Pod's node affinity/selector" in log  # the scheduler's full message
         run.cancel()
         results = run.join(timeout=60)
         assert results["train-sft"].state == "FAILED"
-        cluster.wait_for(lambda: cluster.jobs() == [], 30, "the cancelled run's job is deleted")
-        assert cluster.api.calls("delete", "pytorchjobs"), "the component deleted its job when it was stopped"
+        cluster.wait_for(lambda: kind.jobs(cluster) == [], 30, "the cancelled run's job is deleted")
+        assert cluster.api.calls("delete", kind.resource), "the component deleted its job when it was stopped"
 
 
+@BOTH_KINDS
 def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(
-        sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
-    values = chart_values(object_store, tracking_server)
+        kind, sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
+    values = chart_values(object_store, tracking_server, kind.name)
     values["scheduling"]["pendingTimeoutSeconds"] = 2  # rendered as ALIGNFLOW_PENDING_TIMEOUT_SECONDS
-    with deployment(tmp_path, packages, object_store, values=values) as platform:
+    with deployment(tmp_path, packages, object_store, values=values, kind=kind.name) as platform:
         cluster = platform.cluster
         config_map = next(m for m in platform.manifests if m["kind"] == "ConfigMap")
         assert config_map["data"]["ALIGNFLOW_PENDING_TIMEOUT_SECONDS"] == "2"
@@ -110,7 +123,7 @@ def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending
         # Two GPUs per node: the GPU node has one, so the SFT pod stays Pending.
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, gpus_per_node=2), skip=SKIP,
                            cache=cache).start()
-        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        run.wait_for(lambda: kind.created(cluster), 240, "the SFT job is created")
         created = time.monotonic()
         results = run.join(timeout=120)
         sft = results["train-sft"]
@@ -118,24 +131,28 @@ def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending
         assert time.monotonic() - created < 60, "the task outlived the ConfigMap's pending limit by far"
         assert "(pending limit 2 s)" in sft.log and "Insufficient nvidia.com/gpu" in sft.log
         assert results["train-dpo"].state != "SUCCEEDED"
-        cluster.wait_for(lambda: cluster.jobs() == [], 30, "the stuck job is deleted")
+        cluster.wait_for(lambda: kind.jobs(cluster) == [], 30, "the stuck job is deleted")
 
 
 def test_job_deleted_from_outside_fails_its_task_at_once(sandbox, object_store, tracking_server, tiny_inputs,
                                                          packages, cache, tmp_path):
     from kubernetes import client
 
-    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server) as platform:
+    from tests.cluster.apiserver import RESOURCES
+
+    kind = TRAINJOB
+
+    with deployment(tmp_path, packages, object_store, tracking_uri=tracking_server, kind=kind.name) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
         long_sft = {**tiny_arguments(package, tiny_inputs)["sft_settings"], "train.max_steps": 100000}
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs, sft_epochs=1000, sft_settings=long_sft),
                            skip=SKIP, cache=cache).start()
-        job = cluster.wait_for(lambda: next((j for j in cluster.jobs() if j.get("status", {}).get("conditions")
-                                             and j["status"]["conditions"][-1]["type"] == "Running"), None),
-                               240, "the SFT job runs")
+        run.wait_for(kind.running(cluster, "sft"), 240, "the SFT job runs")
+        [job] = kind.jobs(cluster)
+        group, _, _, version = RESOURCES[kind.resource]
         client.CustomObjectsApi(cluster.client()).delete_namespaced_custom_object(
-            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job["metadata"]["name"])  # kubectl delete pytorchjob
+            group, version, NAMESPACE, kind.resource, job["metadata"]["name"])  # kubectl delete trainjob/pytorchjob
         deleted = time.monotonic()
         results = run.join(timeout=120)
         assert results["train-sft"].state == "FAILED"
@@ -152,7 +169,7 @@ def test_component_killed_mid_job_is_retried_and_reattaches_to_the_running_job(s
         package = platform.package("rlhf-dpo")
         run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP | {"train-dpo"},
                            retries=True).start()
-        cluster.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
+        run.wait_for(lambda: created_jobs(cluster), 240, "the SFT job is created")
         first_pod = run.current_pod
         os.killpg(cluster.kubelet.runtime((NAMESPACE, first_pod)).process.pid, signal.SIGKILL)  # OOM-killed
         results = run.join(timeout=300)

@@ -6,7 +6,9 @@ Each test talks to it through the real `kubernetes` client, as the launcher does
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
 
 import pytest
 
@@ -179,3 +181,24 @@ def test_pod_log_follows_since_and_tail_with_timestamps(cluster, apis):
     assert [line.split(" ", 1)[1] for line in stamped.splitlines()] == ["line 4", "line 5"]
     assert stamped.split(" ", 1)[0].endswith("Z")
     assert core.read_namespaced_pod_log("logs-master-0", NS, container="pytorch", since_seconds=1) == ""
+
+
+def test_an_evicted_replica_is_recreated_and_its_preemption_is_not_a_failure(cluster, apis):
+    """A preempted PyTorchJob replica (eviction: SIGTERM, the trainer's checkpoint, exit 143) comes back as a new pod
+    of the same name, and the job still succeeds within a backoffLimit of 0."""
+    custom, _ = apis
+    marker = f"/dev/shm/alignflow-test-{uuid.uuid4().hex[:8]}"  # this machine's: the second pod finds it
+    script = (f'trap "echo preempted; exit 143" TERM; if [ -e {marker} ]; then echo resumed; exit 0; fi; '
+              f"touch {marker}; echo started; while true; do sleep 0.1; done")
+    try:
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs",
+                                               job("evicted", ["sh", "-c", script], restart="OnFailure"))
+        cluster.wait_for(lambda: os.path.exists(marker), 30, "the first pod runs")
+        cluster.evict(NS, "evicted-master-0")
+        cluster.wait_for(lambda: phase(cluster, "evicted") == "Succeeded", 60, "the job succeeds")
+    finally:
+        if os.path.exists(marker):
+            os.remove(marker)
+    first = cluster.kubelet.removed[(NS, "evicted-master-0")]
+    assert first.process.returncode == 143 and first.log.lines[-1] == "preempted"
+    assert cluster.kubelet.runtime((NS, "evicted-master-0")).log.lines == ["resumed"]  # the recreated pod

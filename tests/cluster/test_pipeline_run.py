@@ -1,13 +1,16 @@
 """rlhf-dpo on an emulated Kubeflow cluster, crossing every joint between pipeline, KFP, Kubernetes and S3.
 
-One run of SFT then DPO, set up as a platform team would (the chart's ConfigMap and Role, the S3
-Secret, the pipeline compiled in the chart's upload Job environment), with artifacts under a
-pipeline root in the object store. Each component runs as KFP runs it (the IR's command and args,
+One run of SFT then DPO on each kind of cluster: one that serves only Kubeflow Trainer v2 (the
+stages' jobs are TrainJobs, created by the Kubeflow SDK) and one that serves only the Training
+Operator v1 (PyTorchJobs), each set up as a platform team would (the chart's ConfigMap, Role and, where
+Trainer runs, its TrainingRuntime; the S3 Secret; the pipeline compiled in the chart's upload Job
+environment), with the chart's `training.jobKind` left `auto`, and artifacts under a pipeline root in
+the object store. Each component runs as KFP runs it (the IR's command and args,
 `kfp.dsl.executor_main`, exactly the env the IR's kubernetes section declares, resolved from the
-Secret and ConfigMap in the API), creates its PyTorchJob through the Kubernetes API with its
-service account token, and each replica runs the manifest's command with the operator's env. The
-API answers the DPO stage's watch with 503 twice and drops one connection while its job runs.
-Nothing passes between pods but the object store. About 40 seconds on 2 cores.
+Secret and ConfigMap in the API), creates its job through the Kubernetes API with its service account
+token, and each pod runs the job's command with the controller's env. The API answers the DPO stage's
+follow (a TrainJob's GET, a PyTorchJob's watch) with a 503 and drops one connection while its job
+runs. Nothing passes between pods but the object store. About 40 seconds a run on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import urllib.request
 import pytest
 
 from tests.cluster.apiserver import Fault
-from tests.cluster.conftest import NAMESPACE, PIPELINE_ROOT, S3_SECRET, deployment, tiny_arguments
-from tests.cluster.kfp_runner import ObjectStore
+from tests.cluster.conftest import KINDS, NAMESPACE, PIPELINE_ROOT, S3_SECRET, deployment, tiny_arguments
+from tests.cluster.kfp_runner import ExecutionCache, ObjectStore
 from tests.cluster.training_operator import condition_true
 from tests.integration.services import S3_ENV
 
@@ -27,8 +30,15 @@ STAGES = ("prepare-inputs", "train-sft", "train-dpo")
 SKIP = {"evaluate-model"}  # generation on the tiny model says nothing here; the registration gate follows it
 OPERATOR_ENV = {"PYTHONUNBUFFERED", "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "WORLD_SIZE",
                 "RANK", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_NNODES"}
+TORCH_PLUGIN_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 KUBELET_ENV = {"HOME", "HOSTNAME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
                "KUBERNETES_SERVICE_PORT_HTTPS", "KUBERNETES_PORT"}
+# How the launcher follows a job: the Kubeflow SDK reads a TrainJob (GET); a PyTorchJob is watched.
+FOLLOW_FAULTS = {"trainjob": (r"/trainjobs/[^/]+$", False), "pytorchjob": (r"/pytorchjobs$", True)}
+CHOICE = {"trainjob": "job kind: TrainJob (ALIGNFLOW_JOB_KIND=auto: the API server serves trainer.kubeflow.org/"
+                      "v1alpha1 trainjobs and runtime af-alignflow-torch exists)",
+          "pytorchjob": "job kind: PyTorchJob (ALIGNFLOW_JOB_KIND=auto: the API server does not serve "
+                        "trainer.kubeflow.org/v1alpha1 trainjobs; the API server serves kubeflow.org/v1 pytorchjobs)"}
 
 
 def image_env(cluster, image: str) -> set[str]:
@@ -36,27 +46,30 @@ def image_env(cluster, image: str) -> set[str]:
     return set(cluster.kubelet.image_env(image))
 
 
-def job_running(cluster, stage: str):
-    return lambda: any(job["metadata"]["labels"].get("alignflow/stage") == stage and condition_true(job, "Running")
-                       for job in cluster.jobs())
-
-
 @pytest.fixture(scope="module")
-def dpo_run(sandbox, object_store, tracking_server, tiny_inputs, packages, tmp_path_factory):
-    with deployment(tmp_path_factory.mktemp("cluster"), packages, object_store,
-                    tracking_uri=tracking_server) as platform:
+def prepared():
+    """One KFP execution cache for both runs: prepare-inputs copies the datasets once."""
+    return ExecutionCache()
+
+
+@pytest.fixture(scope="module", params=["trainjob", "pytorchjob"])
+def dpo_run(request, sandbox, object_store, tracking_server, tiny_inputs, packages, prepared, tmp_path_factory):
+    kind = KINDS[request.param]
+    with deployment(tmp_path_factory.mktemp("cluster"), packages, object_store, tracking_uri=tracking_server,
+                    kind=kind.name) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
-        watch, dpo_running = r"/pytorchjobs$", job_running(cluster, "dpo")
-        cluster.api.faults += [Fault("GET", watch, status=503, times=2, watch=True, when=dpo_running),
-                               Fault("GET", watch, status=0, times=1, watch=True, when=dpo_running)]
-        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP).start()
+        path, is_watch = FOLLOW_FAULTS[kind.name]
+        dpo_running = kind.running(cluster, "dpo")
+        cluster.api.faults += [Fault("GET", path, status=503, times=1, watch=is_watch, when=dpo_running),
+                               Fault("GET", path, status=0, times=1, watch=is_watch, when=dpo_running)]
+        run = platform.run("rlhf-dpo", tiny_arguments(package, tiny_inputs), skip=SKIP, cache=prepared).start()
         # Once DPO's job runs, every open watch ends: the launcher's next watches meet the faults.
-        cluster.wait_for(lambda: dpo_running() or not run.running, 600, "the DPO job runs")
+        run.wait_for(dpo_running, 600, "the DPO job runs")
         cluster.api.close_watches()
         results = run.join(timeout=600)
         print(run.timings())
-        yield platform, run, results
+        yield platform, run, results, kind
 
 
 def events(cluster, resource: str) -> list:
@@ -66,7 +79,7 @@ def events(cluster, resource: str) -> list:
 def test_sft_then_dpo_run_through_the_object_store_alone(dpo_run, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    platform, run, results = dpo_run
+    platform, run, results, kind = dpo_run
     ran = {name for name, result in results.items() if result.state != "NOT_RUN" and name not in SKIP}
     assert set(STAGES) <= ran, {name: (r.error, r.log[-3000:]) for name, r in results.items() if r.state == "FAILED"}
     assert {name: results[name].state for name in ran} == dict.fromkeys(ran, "SUCCEEDED"), \
@@ -82,10 +95,19 @@ def test_sft_then_dpo_run_through_the_object_store_alone(dpo_run, tmp_path):
     assert model(**tokenizer("1+2=", return_tensors="pt")).logits.shape[-1] == model.config.vocab_size
 
 
+def test_auto_picks_the_kind_the_cluster_serves(dpo_run):
+    platform, _, results, kind = dpo_run
+    for stage in ("train-sft", "train-dpo"):
+        assert CHOICE[kind.name] in results[stage].log, results[stage].log[-2000:]
+    assert sorted(j["metadata"]["labels"]["alignflow/stage"] for j in kind.created(platform.cluster)) == ["dpo", "sft"]
+    other = "pytorchjobs" if kind.name == "trainjob" else "trainjobs"
+    assert not platform.cluster.api.calls("create", other)
+
+
 def test_component_pods_get_exactly_the_environment_the_compiled_pipeline_declares(dpo_run):
     from tests.cluster.kfp_ir import load_package
 
-    platform, _, results = dpo_run
+    platform, _, results, _ = dpo_run
     spec, executors = load_package(platform.package("rlhf-dpo"))
     declared = executors["exec-train-sft"]
     launcher_image = spec["deploymentSpec"]["executors"]["exec-train-sft"]["container"]["image"]
@@ -100,12 +122,12 @@ def test_component_pods_get_exactly_the_environment_the_compiled_pipeline_declar
     assert all(not result.not_emulated for result in results.values())
 
 
-def test_each_job_replica_ran_the_manifest_command_with_the_operators_environment(dpo_run):
-    platform, run, _ = dpo_run
+def test_each_pytorchjob_replica_ran_the_manifest_command_with_the_operators_environment(dpo_run):
+    platform, run, _, kind = dpo_run
+    if kind.name != "pytorchjob":
+        pytest.skip("a PyTorchJob's replicas")
     cluster = platform.cluster
-    jobs = {e.object["metadata"]["labels"]["alignflow/stage"]: e.object
-            for e in events(cluster, "pytorchjobs") if e.type == "ADDED"}
-    assert sorted(jobs) == ["dpo", "sft"]
+    jobs = {job["metadata"]["labels"]["alignflow/stage"]: job for job in kind.created(cluster)}
     for stage, job in jobs.items():
         container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
         config_uri = container["command"][container["command"].index("--config") + 1]
@@ -120,30 +142,62 @@ def test_each_job_replica_ran_the_manifest_command_with_the_operators_environmen
         assert runtime.env["MASTER_ADDR"] == pod and runtime.env["WORLD_SIZE"] == "1"
 
 
-def test_watch_errors_neither_delete_the_running_job_nor_fail_the_task(dpo_run):
-    platform, _, results = dpo_run
+def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environment(dpo_run):
+    platform, run, _, kind = dpo_run
+    if kind.name != "trainjob":
+        pytest.skip("a TrainJob's nodes")
     cluster = platform.cluster
-    assert [fault.hits for fault in cluster.api.faults] == [2, 1]
-    dpo_job = next(e.object for e in events(cluster, "pytorchjobs") if e.type == "ADDED"
-                   and e.object["metadata"]["labels"]["alignflow/stage"] == "dpo")
+    for job in kind.created(cluster):
+        name, stage = job["metadata"]["name"], job["metadata"]["labels"]["alignflow/stage"]
+        trainer = job["spec"]["trainer"]
+        assert trainer["command"][:5] == ["python", "-m", "trainer.launch", "--nproc-per-node", "1"]
+        config_uri = trainer["command"][trainer["command"].index("--config") + 1]
+        assert config_uri.startswith(f"{PIPELINE_ROOT}/rlhf-dpo/{run.run_id}/alignflow-jobs/{stage}/")
+        assert job["spec"]["runtimeRef"] == {"name": "af-alignflow-torch", "kind": "TrainingRuntime"}
+        # One pod, one attempt: nothing failed and restarted along the way.
+        [pod] = [e.object for e in cluster.store.history if e.resource == "pods" and e.type == "ADDED"
+                 and e.object["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
+        assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
+        runtime = cluster.kubelet.runtime((NAMESPACE, pod["metadata"]["name"]))
+        assert set(runtime.env) == {item["name"] for item in trainer["env"]} | TORCH_PLUGIN_ENV | KUBELET_ENV | \
+            image_env(cluster, pod["spec"]["containers"][0]["image"])
+        assert runtime.env["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}" and runtime.env["PET_NODE_RANK"] == "0"
+        # Credentials reached the trainer as files of a Secret volume (trainer.launch exports them), never as
+        # values in the TrainJob: it carries the Secret's name and the keys only.
+        [volume] = [v for p in job["spec"]["runtimePatches"] for rj in p["trainingRuntimeSpec"]["template"]["spec"]
+                    ["replicatedJobs"] for v in rj["template"]["spec"]["template"]["spec"].get("volumes", [])
+                    if "secret" in v]
+        assert volume["secret"]["secretName"] == S3_SECRET
+        folder = runtime.fs.host_path(runtime.env["ALIGNFLOW_SECRET_ENV_DIRS"])
+        assert (folder / "AWS_SECRET_ACCESS_KEY").read_text() == S3_ENV["AWS_SECRET_ACCESS_KEY"]
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & {item["name"] for item in trainer["env"]}
+
+
+def test_follow_errors_neither_delete_the_running_job_nor_fail_the_task(dpo_run):
+    platform, _, results, kind = dpo_run
+    cluster = platform.cluster
+    assert [fault.hits for fault in cluster.api.faults] == [1, 1]
+    dpo_job = next(job for job in kind.created(cluster) if job["metadata"]["labels"]["alignflow/stage"] == "dpo")
     name = dpo_job["metadata"]["name"]
-    deleted = next(e for e in events(cluster, "pytorchjobs") if e.type == "DELETED" and e.object["metadata"]["name"] == name)
-    assert condition_true(deleted.object, "Succeeded"), "the job was deleted before it finished"
+    deleted = next(e for e in events(cluster, kind.resource) if e.type == "DELETED"
+                   and e.object["metadata"]["name"] == name)
+    finished = "Complete" if kind.name == "trainjob" else "Succeeded"
+    assert condition_true(deleted.object, finished), "the job was deleted before it finished"
     assert results["train-dpo"].state == "SUCCEEDED"
 
 
 def test_no_field_of_any_job_is_pruned_by_the_crd(dpo_run):
-    platform, _, _ = dpo_run
+    platform, _, _, kind = dpo_run
     assert platform.cluster.api.warnings == []
-    assert platform.cluster.api.calls("create", "pytorchjobs")  # the jobs went through the validating API
+    assert platform.cluster.api.calls("create", kind.resource)  # the jobs went through the validating API
 
 
 def test_exit_handler_leaves_no_job_behind(dpo_run):
-    platform, run, results = dpo_run
+    platform, run, results, kind = dpo_run
     exit_tasks = [name for name, task in run.spec["root"]["dag"]["tasks"].items()
                   if task.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"]
     assert exit_tasks and all(results[name].state == "SUCCEEDED" for name in exit_tasks)
-    assert platform.cluster.jobs() == []
+    assert kind.jobs(platform.cluster) == []
 
 
 def test_stages_tracked_to_the_platforms_mlflow(dpo_run, tracking_server):
@@ -153,7 +207,7 @@ def test_stages_tracked_to_the_platforms_mlflow(dpo_run, tracking_server):
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
-    _, run, _ = dpo_run
+    _, run, _, _ = dpo_run
     experiments = call("experiments/search", {"max_results": 100}).get("experiments", [])
     runs = call("runs/search", {"experiment_ids": [e["experiment_id"] for e in experiments], "max_results": 100})
     tagged = [r for r in runs.get("runs", []) if run.run_id in json.dumps(r["data"].get("tags", []))]

@@ -17,6 +17,7 @@ EVERYTHING = {
     "s3": {"credentialsSecret": "s3-credentials", "endpoint": "http://minio:9000"},
     "retrain": {"enabled": True, "mode": "cronJob", "params": {"source": "s3://alignflow/data"}},
     "kfp": {"multiUser": {"enabled": True}},
+    "training": {"runtime": {"kind": "ClusterTrainingRuntime", "maxRestarts": 1}},
     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
     "extraVolumes": [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}],
     "extraVolumeMounts": [{"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
@@ -36,6 +37,8 @@ OVERRIDES = {
         "mlflow": {"enabled": True, "backend": {"type": "postgres", "postgresSecret": "mlflow-db"}},
         "s3": {"credentialsSecret": "s3-credentials"}, "retrain": {"enabled": True, "mode": "recurringRun"},
     },
+    "pytorchjob-only": {"training": {"jobKind": "pytorchjob"}},
+    "trainjob-with-an-existing-runtime": {"training": {"jobKind": "trainjob", "runtime": {"create": False}}},
     "external-mlflow-no-upload": {"mlflow": {"trackingUri": "http://mlflow.tools:5000"},
                                   "uploadPipelines": {"enabled": False}, "serviceAccount": {"create": False,
                                                                                             "name": "existing"}},
@@ -70,20 +73,28 @@ def render(values: dict, *, upgrade_to: int | None = None) -> list[dict]:
             for doc in yaml.safe_load_all(text) if doc]
 
 
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
+
+
 def pod_spec(document: dict) -> dict | None:
-    """The pod spec inside a workload (Deployment, Job, CronJob, ...), or None for other kinds."""
+    """The pod spec inside a workload (Deployment, Job, CronJob, a training runtime's `node` job, ...), or None
+    for other kinds."""
     spec = document.get("spec") or {}
     if document["kind"] == "Pod":
         return spec
     if document["kind"] == "CronJob":
         spec = spec["jobTemplate"]["spec"]
+    if document["kind"] in RUNTIME_KINDS:  # a JobSet template: replicated jobs of Jobs of pods
+        [node] = [job for job in spec["template"]["spec"]["replicatedJobs"] if job["name"] == "node"]
+        spec = node["template"]["spec"]
     return (spec.get("template") or {}).get("spec")
 
 
 def pods(documents: list[dict]) -> Iterator[tuple[str, dict]]:
-    """(kind/name, pod spec) of every workload in `documents`."""
+    """(kind/name, pod spec) of every workload the chart itself runs (not the training runtime's job template,
+    whose pods the launcher's TrainJobs create and configure)."""
     for document in documents:
-        spec = pod_spec(document)
+        spec = pod_spec(document) if document["kind"] not in RUNTIME_KINDS else None
         if spec is not None:
             yield f"{document['kind']}/{document['metadata']['name']}", spec
 

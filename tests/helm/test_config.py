@@ -18,7 +18,8 @@ KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LA
         "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
         "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
         "ALIGNFLOW_MEMORY_REQUEST", "ALIGNFLOW_MEMORY_LIMIT", "ALIGNFLOW_SHM_SIZE", "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS",
-        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_POLL_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS"}
+        "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_POLL_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS",
+        "ALIGNFLOW_JOB_KIND", "ALIGNFLOW_TRAINER_RUNTIME"}
 
 
 def config(values: dict) -> dict[str, str]:
@@ -30,6 +31,8 @@ def test_defaults():
         "ALIGNFLOW_DEFAULTS_CONFIGMAP": "af-alignflow-defaults",
         "ALIGNFLOW_LAUNCHER_IMAGE": "ghcr.io/alignflow/launcher:latest",
         "ALIGNFLOW_TRAINER_IMAGE": "ghcr.io/alignflow/trainer:latest",
+        "ALIGNFLOW_JOB_KIND": "auto",
+        "ALIGNFLOW_TRAINER_RUNTIME": "af-alignflow-torch",
         "ALIGNFLOW_SERVICE_ACCOUNT": "af-alignflow",
         "ALIGNFLOW_PIPELINE_ROOT": "s3://alignflow/pipelines",
         "ALIGNFLOW_S3_BUCKET": "alignflow",
@@ -73,6 +76,7 @@ def test_configured_platform():
         "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "resourceName": "nvidia.com/mig-1g.10gb",
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
         "scheduling": {"priorityClassName": "training", "kueueQueue": "gpu-queue"},
+        "training": {"jobKind": "trainjob", "runtime": {"create": False, "name": "team-torch"}},
         "policy": {"allowedTrainerImages": ["registry.corp/ml/", "registry.corp/ml/trainer"],
                    "allowedSecrets": ["hf-token", "s3-keys"],
                    "rewardFunctions": {"exact": "rewards.text:exact_match", "length": "rewards.text:length_penalty"},
@@ -82,6 +86,7 @@ def test_configured_platform():
     assert data["ALIGNFLOW_LAUNCHER_IMAGE"] == "registry.corp/ml/launcher:1.2"
     assert data["ALIGNFLOW_TRAINER_IMAGE"] == "registry.corp/ml/trainer:1.2"
     assert data["ALIGNFLOW_SERVICE_ACCOUNT"] == "alignflow-runner"
+    assert (data["ALIGNFLOW_JOB_KIND"], data["ALIGNFLOW_TRAINER_RUNTIME"]) == ("trainjob", "team-torch")
     assert (data["AWS_ENDPOINT_URL"], data["AWS_DEFAULT_REGION"]) == ("http://minio.storage:9000", "eu-west-1")
     assert data["ALIGNFLOW_S3_SECRET"] == "s3-keys"
     assert data["MLFLOW_TRACKING_URI"] == "http://af-alignflow-mlflow.ml.svc:5000"

@@ -102,7 +102,8 @@ def test_every_pod_meets_the_restricted_profile(values):
 
 def test_every_kind_of_pod_is_checked():
     kinds = {where.split("/")[0] for where, _, _ in workloads(EVERYTHING)}
-    assert kinds == {"Deployment", "Job", "CronJob"}
+    assert kinds == {"Deployment", "Job", "CronJob", "ClusterTrainingRuntime"}
+    assert "TrainingRuntime" in {where.split("/")[0] for where, _, _ in workloads({})}
 
 
 def test_the_check_catches_each_rule():

@@ -1,7 +1,9 @@
-"""The launcher's Role grants exactly the Kubernetes API calls the code in components/ makes.
+"""The launcher's Role grants exactly the Kubernetes API calls the code in components/ makes, and those the
+Kubeflow SDK makes for it, for the job kinds `training.jobKind` allows.
 
-The calls are found by parsing the source (every attribute named like a kubernetes client method), so a
-new call without a rule here and in templates/rbac/role.yaml fails, and so does a rule no code needs.
+The calls are found by parsing the source (every attribute named like a kubernetes client method; the SDK's
+backend for each `TrainerClient` method the code calls, `sdk_calls.py`), so a new call without a rule here
+and in templates/rbac/role.yaml fails, and so does a rule no code needs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helm.chart import one, render
+from tests.helm.sdk_calls import sdk_permissions, trainer_client_methods_used
 
 ROOT = Path(__file__).parents[2]
 SCANNED = ("components", "pipelines")  # pipelines/ must make no Kubernetes API call at all
@@ -43,6 +46,10 @@ CLIENT_METHOD = re.compile(r"^(create|read|get|list|patch|replace|delete|delete_
                            r"(namespaced_\w+|\w+_for_all_namespaces|\w*custom_object\w*)$")
 
 API_GROUP, RESOURCE = re.compile(r"[a-z0-9-]+(\.[a-z0-9-]+)+"), re.compile(r"[a-z0-9]+")
+
+# The SDK reads Kubeflow Trainer's version ConfigMap in `kubeflow-system` when its client starts, and carries on
+# when refused (components/launcher/trainjob.py holds back its warning): nothing in that namespace is granted.
+SDK_REFUSED = {("", "configmaps", "get")}
 
 # Calls another change to components/launcher/kubernetes.py is adding (pods listed and read for the reason a
 # replica is Pending, the namespace's events for scheduling failures). Once the code makes them, they are
@@ -133,18 +140,33 @@ def api_calls_in(path: Path, root: Path = ROOT) -> set[tuple[str, str, str, str]
     return found
 
 
+def sdk_required(scope: str = "namespace") -> set[tuple[str, str, str]]:
+    """What the Kubeflow SDK calls the code makes need, at namespace or cluster scope."""
+    methods = trainer_client_methods_used(ROOT, SCANNED)
+    return {(group, resource, verb) for group, resource, verb, where in sdk_permissions(methods)
+            if where == scope} - SDK_REFUSED
+
+
 def required_permissions() -> dict[tuple[str, str, str], list[str]]:
     required: dict[tuple[str, str, str], list[str]] = {}
     for folder in SCANNED:
         for path in sorted((ROOT / folder).rglob("*.py")):
             for group, resource, verb, where in api_calls_in(path):
                 required.setdefault((group, resource, verb), []).append(where)
+    for permission in sdk_required():
+        required.setdefault(permission, []).append("the Kubeflow SDK (kubeflow.trainer)")
     return required
 
 
-def granted_permissions(values: dict) -> set[tuple[str, str, str]]:
-    role = one(render(values), "Role")
-    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+def job_kind_of(permission: tuple[str, str, str]) -> str:
+    """Which job kind needs a permission: `pytorchjob`, `trainjob`, or `both` (pods, logs, events)."""
+    group = permission[0]
+    return {"kubeflow.org": "pytorchjob", "trainer.kubeflow.org": "trainjob"}.get(group, "both")
+
+
+def granted_permissions(values: dict, kind: str = "Role") -> set[tuple[str, str, str]]:
+    roles = [d for d in render(values) if d["kind"] == kind]
+    return {(group, resource, verb) for role in roles for rule in role["rules"] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
@@ -154,7 +176,8 @@ def test_scan_finds_the_launchers_calls():
         required)
     assert ("", "pods/log", "get") in required
     # kubernetes is used by the launcher only (DESIGN.md)
-    assert all(where.startswith("components/launcher/") for places in required.values() for where in places), required
+    assert all(where.startswith("components/launcher/") or where == "the Kubeflow SDK (kubeflow.trainer)"
+               for places in required.values() for where in places), required
 
 
 def test_role_allows_every_api_call_in_the_code():
@@ -167,6 +190,33 @@ def test_role_allows_every_api_call_in_the_code():
 def test_role_allows_nothing_the_code_does_not_call():
     extra = granted_permissions({}) - set(required_permissions()) - ANNOUNCED
     assert extra == set(), f"rules no code needs (remove them from templates/rbac/role.yaml): {extra}"
+
+
+@pytest.mark.parametrize("job_kind", ["auto", "trainjob", "pytorchjob"])
+def test_each_job_kind_is_granted_exactly_what_it_calls(job_kind):
+    allowed = {"auto": {"pytorchjob", "trainjob"}}.get(job_kind, {job_kind}) | {"both"}
+    needed = {permission for permission in required_permissions() if job_kind_of(permission) in allowed}
+    granted = granted_permissions({"training": {"jobKind": job_kind}})
+    assert granted - ANNOUNCED == needed - ANNOUNCED
+
+
+def test_the_sdk_calls_are_found():
+    # TrainJobs created, read (with their runtime and pods), their log read and deleted through the SDK.
+    assert {("trainer.kubeflow.org", "trainjobs", verb) for verb in ("create", "get", "delete")} <= sdk_required()
+    assert {("trainer.kubeflow.org", "trainingruntimes", "get"), ("", "pods/log", "get")} <= sdk_required()
+    assert sdk_required("cluster") == {("trainer.kubeflow.org", "clustertrainingruntimes", "get")}
+
+
+def test_a_cluster_runtime_is_readable_through_a_cluster_role_only_then():
+    # The SDK looks for the namespace's TrainingRuntime first and only then for a ClusterTrainingRuntime of that
+    # name, so the cluster-scoped read is granted only where the runtime is one.
+    values = {"training": {"runtime": {"kind": "ClusterTrainingRuntime"}}}
+    assert granted_permissions(values, "ClusterRole") == sdk_required("cluster")
+    binding = one(render(values), "ClusterRoleBinding")
+    assert [s["name"] for s in binding["subjects"]] == ["af-alignflow", "default-editor", "pipeline-runner"]
+    assert granted_permissions({}, "ClusterRole") == set()
+    assert granted_permissions({"training": {"jobKind": "pytorchjob", "runtime": {"kind": "ClusterTrainingRuntime"}}},
+                               "ClusterRole") == set()
 
 
 def test_no_cluster_wide_rbac():

@@ -79,3 +79,21 @@ def test_every_module_launcher_code_imports_imports_without_the_trainers_stack()
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == ""
+
+
+def test_the_launcher_image_installs_every_package_launcher_code_imports():
+    # A package the launcher code imports but the launcher image never installs would fail only in a cluster:
+    # the test environment has it anyway (the Kubeflow SDK, once, when TrainJobs came).
+    installed = closure(image_requirements((ROOT / "images" / "launcher" / "Dockerfile").read_text()),
+                        read_lock(LOCK.read_text()))
+    distributions = metadata.packages_distributions()
+    missing = {}
+    for name, files in launcher_imports().items():
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top in ("trainer", "components", "pipelines", "__future__"):
+            continue
+        provided_by = {metadata.distribution(d).metadata["Name"].lower().replace("_", "-")
+                       for d in distributions.get(top, [])}
+        if not provided_by & installed:
+            missing[name] = sorted(files)
+    assert missing == {}

@@ -37,6 +37,15 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
     assert "exit-handler" in text and "finish-run" in text  # jobs deleted, MLflow run closed, however it ends
     assert "open-lineage" in text and "parent_run_id" in text  # the MLflow parent run, passed to the stages
+    # The Kubeflow UI's run form shows each parameter's description from the IR: every one has one, and a
+    # stage's hyper-parameter says what its component's input says (pipelines/parameters.py).
+    import yaml
+
+    described = next(yaml.safe_load_all(text))["root"]["inputDefinitions"]["parameters"]
+    assert set(described) == set(inputs)
+    assert [name for name, spec in described.items() if not spec.get("description")] == []
+    assert described["sft_lr"]["description"] == "SFT: Peak learning rate of AdamW."
+    assert described["launcher_mode"]["description"].startswith("`kubernetes`: each stage runs as a training job")
 
 
 @pytest.fixture(scope="module")

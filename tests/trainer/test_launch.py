@@ -91,3 +91,19 @@ def test_workers_stopped_by_the_agent_after_a_preempted_one_still_mean_preempted
     assert preempted_status([-15]) is None  # killed by a signal without any worker's stopping checkpoint
     assert preempted_status([143, 1]) is None  # one worker really failed
     assert preempted_status([2, -15]) is None
+
+
+def test_a_trainjobs_secret_files_become_the_trainers_environment(tmp_path):
+    from trainer.launch import export_secret_files
+
+    # What the kubelet mounts for a Secret volume with items: each key as a file, plus its `..data` link.
+    s3, absent = tmp_path / "s3", tmp_path / "mlflow-optional"
+    s3.mkdir()
+    (s3 / "AWS_ACCESS_KEY_ID").write_text("key")
+    (s3 / "AWS_SECRET_ACCESS_KEY").write_text("sec ret\n")  # exactly the bytes the Secret holds
+    (s3 / "..2026_12_01").mkdir()
+    (s3 / "..data").symlink_to(s3 / "..2026_12_01")
+    environ = {"ALIGNFLOW_SECRET_ENV_DIRS": f"{s3}:{absent}", "AWS_ACCESS_KEY_ID": "stale"}
+    assert export_secret_files(environ) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    assert (environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"]) == ("key", "sec ret\n")
+    assert export_secret_files({}) == []

@@ -25,6 +25,7 @@ from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
 from trainer.data.collate import pack_preference, pack_sft, pad_preference, pad_sft
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset
+from trainer.errors import TrainingError
 from trainer.lifecycle.context import (
     RunContext,
     build_context,
@@ -49,6 +50,9 @@ class StageResult:
 
     metrics: dict[str, float]
     model: nn.Module
+    stopped: str | None = None
+    """Why the stage stopped before its end (a signal, `--stop-after-steps`), else None. A stopped stage's
+    metrics are its last step's: it was not evaluated."""
 
 
 @dataclass(slots=True)
@@ -180,8 +184,13 @@ def run_stage(config: StageConfig, stop_after_steps: int | None = None) -> Stage
         try:
             trainer.fit()
         except StopTraining as stop:
-            logger.info("%s", stop)
-            return StageResult(trainer.last_metrics, model)
+            logger.warning("%s; not evaluated", stop)
+            return StageResult(trainer.last_metrics, model, stopped=str(stop))
+        # Every epoch trained here ends with an evaluation (a resume after the last epoch trains none; its final
+        # metrics come from the history): evaluation data without evaluation metrics is a loop bug, said out loud.
+        if parts.eval_examples and not trainer.eval_metrics and trainer.start_epoch < trainer.max_epochs:
+            raise TrainingError(f"{config.data.eval_path}: {len(parts.eval_examples)} evaluation examples were "
+                                f"loaded but no evaluation ran after {trainer.global_step} steps")
         metrics = {**trainer.last_metrics, **trainer.eval_metrics, "global_step": trainer.global_step}
         finish_stage(context, {"model": model}, metrics, trainer.global_step, loss_key="loss")
         return StageResult(metrics, model)

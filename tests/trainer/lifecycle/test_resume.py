@@ -39,7 +39,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one_bit_exact(dama
     caplog.set_level(logging.INFO, logger="trainer")
     run_stage(sft(tmp_path / "straight", tiny_model, task_files))
     output = tmp_path / "resumed"
-    run_stage(sft(output, tiny_model, task_files), stop_after_steps=7)  # checkpoints at 3, 6 and 7
+    stopped = run_stage(sft(output, tiny_model, task_files), stop_after_steps=7)  # checkpoints at 3, 6 and 7
+    # A stage stopped early says so, and why its metrics carry no evaluation.
+    assert stopped.stopped.startswith("stopped after step 7 (--stop-after-steps)")
+    assert not any(key.startswith("eval/") for key in stopped.metrics)
     damaged = output / "checkpoints" / "step-00000007" / "model.optimizer.pt"
     if damage == "truncated":
         damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])

@@ -1,0 +1,20 @@
+{{/* The runtime TrainJobs reference: `training.runtime.name`, else the chart's own, else Kubeflow Trainer's stock one. */}}
+{{- define "alignflow.trainerRuntime" -}}
+{{- if .Values.training.runtime.name }}
+{{- .Values.training.runtime.name }}
+{{- else if .Values.training.runtime.create }}
+{{- printf "%s-torch" (include "alignflow.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- "torch-distributed" }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the launcher may create TrainJobs (jobKind trainjob or auto). Usage: {{ if include "alignflow.usesTrainJobs" . }} */}}
+{{- define "alignflow.usesTrainJobs" -}}
+{{- if ne .Values.training.jobKind "pytorchjob" }}true{{ end }}
+{{- end }}
+
+{{/* Whether the launcher may create PyTorchJobs (jobKind pytorchjob or auto). */}}
+{{- define "alignflow.usesPyTorchJobs" -}}
+{{- if ne .Values.training.jobKind "trainjob" }}true{{ end }}
+{{- end }}

@@ -1,0 +1,86 @@
+"""What the Kubeflow UI's run form says about each pipeline parameter.
+
+KFP takes a pipeline parameter's description from the `Args:` section of the pipeline function's
+docstring (kfp's `extract_component_interface`) and writes it into the compiled IR, which the run
+form shows. `documented` writes that section, so the pipelines describe a parameter they share in
+the same words:
+
+- a stage's own parameter (`dpo_beta`, `ppo_episodes`, `sft_settings`) says what the stage
+  component's input says (`train_dpo`'s `beta`, ...: one description, next to the config field it
+  sets), after the stage's name;
+- the pipelines' other parameters (inputs, cluster, evaluation) are described in `SHARED`.
+
+A parameter with no description is left without one; tests/pipelines/test_pipelines.py names it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+SHARED = {
+    "base_model_uri": "The model to start from: a Hugging Face model folder (config, weights, tokenizer) as an s3:// "
+                      "or minio:// URI (a local path with launcher_mode local). Read in place, not copied.",
+    "sft_train_uri": "SFT training rows (prompt and completion, or chat messages) as JSONL or Parquet, or a saved HF "
+                     "dataset folder, by URI.",
+    "sft_eval_uri": "Held-out SFT rows in the same schema, by URI; empty: SFT is not evaluated.",
+    "preference_train_uri": "Preference rows (prompt, chosen, rejected) by URI: what DPO learns from, or the reward "
+                            "model in rlhf-ppo.",
+    "preference_eval_uri": "Held-out preference rows, by URI; empty: that stage is not evaluated.",
+    "prompts_uri": "Prompts (a `prompt` per row) the online stage samples answers to, by URI.",
+    "eval_prompts_uri": "Held-out prompts that the candidate, the SFT baseline and the registry's champion answer; "
+                        "their scores decide whether the candidate is registered.",
+    "reward_function": "A reward function the platform registered (policy.rewardFunctions), by name: scores the "
+                       "evaluation's answers as f(prompt, completion, answer) -> float.",
+    "dataset_sha256": "Expected SHA-256 of datasets, as {URI: hex}; a dataset that differs stops the run before any "
+                      "training. URIs not listed are only hashed and recorded.",
+    "launcher_mode": "`kubernetes`: each stage runs as a training job on the cluster (a TrainJob or a PyTorchJob, "
+                     "as the platform chose); `local`: as processes in the component's pod.",
+    "trainer_image": "Image of the training jobs; empty: the platform's trainer image. Only images the platform "
+                     "allows are accepted.",
+    "num_nodes": "Nodes (pods) of every training job; more than one trains data-parallel across them.",
+    "gpus_per_node": "GPUs each node requests, one training process each; 0 runs one CPU process per node.",
+    "s3_secret": "A Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY that the jobs read S3 with; empty: "
+                 "the platform's. Only Secrets the platform allows are accepted.",
+    "scheduling": "Overrides of the platform's scheduling defaults for every training and evaluation job, as a JSON "
+                  "object, e.g. {\"cpu_request\": \"8\", \"memory_limit\": \"96Gi\", \"active_deadline_seconds\": "
+                  "86400}; keys: components/launcher/scheduling.py.",
+    "max_new_tokens": "Longest answer, in tokens, that the evaluation generates per prompt.",
+    "registered_model_name": "MLflow registered model the candidate becomes a new version of when it beats the SFT "
+                             "baseline; its `champion` is scored beside it.",
+}
+STAGES = {"sft": ("SFT", "components.sft.component", "train_sft"),
+          "rm": ("Reward model", "components.rm.component", "train_reward_model"),
+          "dpo": ("DPO", "components.dpo.component", "train_dpo"),
+          "ppo": ("PPO", "components.ppo.component", "train_ppo"),
+          "grpo": ("GRPO", "components.grpo.component", "train_grpo")}
+# A pipeline's stage parameter suffix -> the stage component's input, where the names differ.
+STAGE_INPUTS = {"epochs": "max_epochs", "episodes": "num_episodes", "generations": "num_generations"}
+
+
+def describe(parameter: str) -> str | None:
+    """The description of a pipeline parameter, or None when nothing describes it."""
+    if parameter in SHARED:
+        return SHARED[parameter]
+    stage, _, rest = parameter.partition("_")
+    if stage not in STAGES or not rest:
+        return None
+    import importlib
+
+    title, module, component = STAGES[stage]
+    inputs = getattr(importlib.import_module(module), component).component_spec.inputs
+    spec = inputs.get(STAGE_INPUTS.get(rest, rest))
+    return f"{title}: {spec.description}" if spec is not None and spec.description else None
+
+
+def documented(pipeline: Callable) -> Callable:
+    """`pipeline` with an `Args:` section describing each of its parameters (apply below `@dsl.pipeline`)."""
+    # A Google docstring starts with a summary: without one, its parser takes `Args:` for the summary.
+    summary = (pipeline.__doc__ or "").strip() or f"The {pipeline.__name__} pipeline."
+    lines = [summary, "", "Args:"]
+    for name in inspect.signature(pipeline).parameters:
+        text = describe(name)
+        if text:
+            lines.append(f"    {name}: " + " ".join(text.split()))
+    pipeline.__doc__ = "\n".join(lines) + "\n"
+    return pipeline

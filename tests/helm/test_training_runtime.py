@@ -1,0 +1,70 @@
+"""The chart's training runtime for TrainJobs (templates/training/runtime.yaml) and the name it tells the launcher."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helm.chart import RUNTIME_KINDS, one, pod_spec, render
+
+
+def runtimes(values: dict) -> list[dict]:
+    return [d for d in render(values) if d["kind"] in RUNTIME_KINDS]
+
+
+def test_the_runtime_is_what_the_launcher_is_told_to_reference():
+    [runtime] = runtimes({})
+    config = one(render({}), "ConfigMap")["data"]
+    assert runtime["kind"] == "TrainingRuntime" and runtime["metadata"]["name"] == config["ALIGNFLOW_TRAINER_RUNTIME"]
+    # The Kubeflow SDK lists a runtime only with its framework label; `torch` makes the plugin inject PET_*.
+    assert runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] == "torch"
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}
+
+
+def test_the_pods_get_what_a_trainjob_cannot_patch():
+    values = {"scheduling": {"priorityClassName": "training"},
+              "images": {"trainer": {"repository": "registry.corp/ml/trainer", "tag": "7"},
+                         "launcher": {"repository": "l", "tag": "1"}}}
+    [runtime] = runtimes(values)
+    pod = pod_spec(runtime)
+    assert pod["priorityClassName"] == "training" and pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"  # what a podFailurePolicy requires
+    [node] = pod["containers"]
+    assert (node["name"], node["image"]) == ("node", "registry.corp/ml/trainer:7")
+
+
+def test_preemption_restarts_without_counting_and_real_failures_count():
+    [runtime] = runtimes({"training": {"runtime": {"maxRestarts": 5}}})
+    jobset = runtime["spec"]["template"]["spec"]
+    [node_job] = jobset["replicatedJobs"]
+    job = node_job["template"]["spec"]
+    # A preempted trainer exits 143 (SIGTERM) or 130 (SIGINT); an evicted pod has the DisruptionTarget condition.
+    rules = job["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In", "values": [130, 143]}} \
+        in rules
+    assert {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+    assert job["backoffLimit"] == 0  # any other failure fails the Job at once: the JobSet restarts all nodes
+    assert jobset["failurePolicy"]["maxRestarts"] == 5
+    [rule] = jobset["failurePolicy"]["rules"]
+    assert (rule["action"], rule["onJobFailureReasons"]) == ("RestartJobSetAndIgnoreMaxRestarts", ["PodFailurePolicy"])
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"training": {"jobKind": "pytorchjob"}}, []),
+    ({"training": {"runtime": {"create": False}}}, []),
+    ({"training": {"runtime": {"kind": "ClusterTrainingRuntime"}}}, ["ClusterTrainingRuntime"]),
+])
+def test_the_runtime_is_installed_only_where_trainjobs_use_it(values, expected):
+    assert [d["kind"] for d in runtimes(values)] == expected
+
+
+def test_an_existing_runtime_is_named_as_given_or_the_stock_one():
+    names = {key: one(render({"training": {"runtime": runtime}}), "ConfigMap")["data"]["ALIGNFLOW_TRAINER_RUNTIME"]
+             for key, runtime in {"stock": {"create": False}, "named": {"create": False, "name": "team-torch"}}.items()}
+    assert names == {"stock": "torch-distributed", "named": "team-torch"}
+
+
+def test_a_bad_job_kind_is_rejected_at_install():
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError, match="jobKind"):
+        render({"training": {"jobKind": "tfjob"}})
