@@ -16,7 +16,8 @@ from pipelines.local_run import run_locally, task_outputs
 
 
 @pytest.mark.parametrize(("name", "stage_parameter"), [("rlhf-dpo", "dpo_beta"), ("rlhf-ppo", "ppo_kl_coef"),
-                                                      ("rlhf-grpo", "grpo_generations")])
+                                                      ("rlhf-grpo", "grpo_generations"), ("rlhf-kto", "kto_beta"),
+                                                      ("rlhf-orpo", "orpo_beta")])
 def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, tmp_path):
     from kfp import compiler, components
 
@@ -37,6 +38,12 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
     assert "exit-handler" in text and "finish-run" in text  # jobs deleted, MLflow run closed, however it ends
     assert "open-lineage" in text and "parent_run_id" in text  # the MLflow parent run, passed to the stages
+    if name in ("rlhf-kto", "rlhf-orpo"):  # every parameter of the pipelines issue 23 added is described in the IR
+        import yaml
+
+        parameters = list(yaml.safe_load_all(text))[0]["root"]["inputDefinitions"]["parameters"]
+        assert set(parameters) == set(inputs)
+        assert [p for p, spec in parameters.items() if not spec.get("description")] == []
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,8 @@ SMOOTHED_DPO_LOSSES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpaired")
 class DPOAlgorithmConfig(Section):
     beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
     loss_type: DPOLossName | list[DPOLossName] = Field(
-        "sigmoid", description="The preference loss, by TRL's name: `sigmoid` (DPO), `hinge` (SLiC), `ipo`, "
-        "`exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, `aot`, `aot_unpaired`, `apo_zero`, `apo_down`, "
-        "`discopop`, `sigmoid_norm`, `sft` (the chosen answer's NLL), `simpo` (length-normalised, reference-free); "
-        "the README's table gives each formula and paper. A list adds several, weighted by `loss_weights`."
+        "sigmoid", description="Preference loss by TRL's name (sigmoid, hinge, ipo, simpo, ...; README lists all), or a "
+        "list of them."
     )
     loss_weights: list[float] | None = Field(
         None, description="Weight of each loss of a `loss_type` list (TRL's `loss_weights`, e.g. MPO's [0.8, 0.2, 1.0] "
@@ -92,22 +90,16 @@ class DPOAlgorithmConfig(Section):
 class KTOAlgorithmConfig(Section):
     beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the KTO paper). > 0.")
     loss_type: Literal["kto", "apo_zero_unpaired"] = Field(
-        "kto", description="`kto` (Ethayarajh et al. 2024: each completion's implied reward against the KL reference "
-        "point z0, estimated from mismatched pairs of the micro-batch) or `apo_zero_unpaired` (APO-zero on unpaired "
-        "rows, D'Oosterlinck et al. 2024: no reference point)."
+        "kto", description="`kto` (against the KL reference point z0) or `apo_zero_unpaired` (no reference point)."
     )
-    desirable_weight: float = Field(
-        1.0, gt=0, description="lambda_D, the weight of a desirable row's loss. With unequal numbers of desirable and "
-        "undesirable rows the paper keeps lambda_D n_D / (lambda_U n_U) in [1, 4/3]."
-    )
+    desirable_weight: float = Field(1.0, gt=0, description="lambda_D, the weight of a desirable row's loss (KTO eq. 8).")
     undesirable_weight: float = Field(1.0, gt=0, description="lambda_U, the weight of an undesirable row's loss.")
     ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
 
 
 class ORPOAlgorithmConfig(Section):
     beta: float = Field(
-        0.1, gt=0, description="lambda, the weight of the odds-ratio term beside the chosen answer's NLL (Hong et al. "
-        "2024, eq. 6; TRL's beta). > 0."
+        0.1, gt=0, description="lambda, the weight of the odds-ratio term beside the chosen NLL (Hong et al. 2024). > 0."
     )
     packing: bool | None = Field(None, validate_default=True, description=PAIR_PACKING_DESCRIPTION)
 
