@@ -2,7 +2,7 @@
 
 On the `tiny` preset every pipeline's candidate beats its SFT baseline on the held-out prompts, so
 the registration gate opens (rlhf-dpo here; rlhf-grpo and rlhf-ppo, a minute or more each, are
-marked slow and run in `make demo`); `tiny-reward-hacking` shows PPO over-optimising its reward
+marked slow and run in `make demo`; so are rlhf-kto and rlhf-orpo); `tiny-reward-hacking` shows PPO over-optimising its reward
 model and the gate staying closed (slow).
 """
 
@@ -206,6 +206,17 @@ def test_online_pipeline_runs_end_to_end(name, tmp_path):
         stage = summary["train-ppo"]["metrics"]  # the reward model's score on the held-out prompts rose too
         assert stage["eval_reward"] > stage["eval_reward_before"]
         assert evaluation["rm_score"] > evaluation["baseline_rm_score"]
+
+
+@pytest.mark.slow  # about 3-4 minutes each on 2 busy cores
+@pytest.mark.parametrize("name", ["rlhf-kto", "rlhf-orpo"])
+def test_kto_and_orpo_pipelines_beat_sft_and_register(name, tmp_path):
+    run_dir = run_locally(name, tmp_path, {}, preset="tiny")
+    summary = task_outputs(run_dir, started=0.0)
+    evaluation = summary["evaluate-model"]["metrics"]
+    assert evaluation["improvement"] > 0 and "register-model" in summary
+    stage = name.split("-")[1]
+    assert summary[f"train-{stage}"]["metrics"]["eval_rewards_accuracies"] > 0.5
 
 
 @pytest.mark.slow

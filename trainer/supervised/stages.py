@@ -84,10 +84,14 @@ def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[di
     return functools.partial(pack_preference if packing else pad_preference, pad_token_id=context.tokenizer.pad_token_id)
 
 
+def _preference_data(config: StageConfig, packing: bool, context: RunContext) -> tuple[Callable, list, list | None]:
+    """The collate function and the train and eval pairs of a preference stage (rm, dpo, orpo)."""
+    return (_preference_collate(packing, context), _load_split(load_preference_dataset, config.data.train_path, context),
+            _load_split(load_preference_dataset, config.data.eval_path, context))
+
+
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
-    collate = _preference_collate(config.rm.packing, context)
-    train = _load_split(load_preference_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    collate, train, evaluation = _preference_data(config, config.rm.packing, context)
     model = load_value_model(config.model, plugin=context.plugin)
     if config.rm.packing:
         use_varlen_attention(model)
@@ -104,9 +108,7 @@ def _load_reference(config: DPOConfig | KTOConfig, path: str | None, key: str, c
 
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     options = config.dpo
-    collate = _preference_collate(options.packing, context)
-    train = _load_split(load_preference_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    collate, train, evaluation = _preference_data(config, options.packing, context)
     reference = None
     if options.needs_reference:
         # Precomputing splits the pairs unevenly across ranks, so that reference loads whole.
@@ -140,9 +142,7 @@ def _prepare_kto(config: KTOConfig, context: RunContext) -> StageParts:
 
 
 def _prepare_orpo(config: ORPOConfig, context: RunContext) -> StageParts:
-    collate = _preference_collate(config.orpo.packing, context)
-    train = _load_split(load_preference_dataset, config.data.train_path, context)
-    evaluation = _load_split(load_preference_dataset, config.data.eval_path, context)
+    collate, train, evaluation = _preference_data(config, config.orpo.packing, context)
     model = load_causal_lm(config.model, plugin=context.plugin)
     if config.orpo.packing:
         use_varlen_attention(model)

@@ -14,8 +14,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tests.trainer.algorithms.two_rank_cases import CASES, POLICY_WEIGHTS, split_rows
 from tests.trainer.algorithms.stand_ins import BigramLM
+from tests.trainer.algorithms.two_rank_cases import CASES, POLICY_WEIGHTS, split_rows
 from trainer.algorithms.update import train_step
 from trainer.parallel.booster import Booster, DDPPlugin
 from trainer.runtime import init_process_group, pick_device, read_distributed_env
