@@ -45,7 +45,7 @@ TINY = {
                                   "ppo.critic_lr": 1e-3}},
     "rlhf-grpo": {**TINY_COMMON, "grpo_lr": 5e-4, "grpo_episodes": 40, "grpo_generations": 8,
                   "grpo_settings": {**TINY_ONLINE, "grpo.rollout_batch_size": 32, "grpo.mini_batch_size": 64}},
-    "rlhf-kto": {**TINY_COMMON, "kto_lr": 5e-4, "kto_epochs": 2, "kto_beta": 0.1, "kto_settings": TINY_SUPERVISED},
+    "rlhf-kto": {**TINY_COMMON, "kto_lr": 5e-4, "kto_epochs": 2, "kto_beta": 1.0, "kto_settings": TINY_SUPERVISED},
     "rlhf-orpo": {**TINY_COMMON, "orpo_lr": 5e-4, "orpo_epochs": 2, "orpo_beta": 0.1, "orpo_settings": TINY_SUPERVISED},
 }
 # Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
