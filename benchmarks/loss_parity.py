@@ -185,12 +185,9 @@ def write_data(files: dict[str, Path], directory: Path) -> dict[str, Path]:
             "prompts": write_jsonl(prompts, directory / "two-prompts.jsonl")}
 
 
-def run_alignflow(variant: Variant, files: dict[str, Path], output_dir: Path, steps: int) -> list[dict]:
-    """Train the variant with alignflow; the per-step `loss` and `grad_norm` from metrics.jsonl."""
+def alignflow_config(variant: Variant, files: dict[str, Path], output_dir: Path, steps: int):
+    """The validated alignflow config of one variant's run."""
     from trainer.config import build_config
-    from trainer.online.stages import run_online_stage
-    from trainer.supervised.stages import run_stage
-    from trainer.tiny.model import build_tokenizer
 
     common = {"output_dir": str(output_dir), "model": {"path": str(files["model"])},
               "optimizer": {"lr": LR, "scheduler": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
@@ -202,16 +199,25 @@ def run_alignflow(variant: Variant, files: dict[str, Path], output_dir: Path, st
         section = {"num_episodes": steps // epochs, "rollout_batch_size": BATCH // GENERATIONS, "num_generations":
                    GENERATIONS, "mini_batch_size": BATCH, "num_update_epochs": epochs, "beta": 0.0,
                    **variant.alignflow}
-        config = build_config("grpo", {**common, "data": {"train_path": str(files["prompts"])}, "train": train,
-                                       "generation": {"max_new_tokens": NEW_TOKENS, "temperature": 1.0},
-                                       "reward": {"function": "tiny_addition"}, "grpo": section})
+        return build_config("grpo", {**common, "data": {"train_path": str(files["prompts"])}, "train": train,
+                                     "generation": {"max_new_tokens": NEW_TOKENS, "temperature": 1.0},
+                                     "reward": {"function": "tiny_addition"}, "grpo": section})
+    data = {"train_path": str(files["unpaired" if variant.family == "kto" else "preference"]), "max_length": MAX_LENGTH}
+    return build_config(variant.family, {**common, "data": data, variant.family: variant.alignflow,
+                                         "train": {**train, "max_steps": steps, "group_by_length": False}})
+
+
+def run_alignflow(variant: Variant, files: dict[str, Path], output_dir: Path, steps: int) -> list[dict]:
+    """Train the variant with alignflow; the per-step `loss` and `grad_norm` from metrics.jsonl."""
+    from trainer.online.stages import run_online_stage
+    from trainer.supervised.stages import run_stage
+    from trainer.tiny.model import build_tokenizer
+
+    config = alignflow_config(variant, files, output_dir, steps)
+    if variant.family in ("grpo", "rloo"):
         with alignflow_fixed_generation(build_tokenizer()):
             run_online_stage(config)
     else:
-        data = {"train_path": str(files["unpaired" if variant.family == "kto" else "preference"]),
-                "max_length": MAX_LENGTH}
-        config = build_config(variant.family, {**common, "data": data, variant.family: variant.alignflow,
-                                               "train": {**train, "max_steps": steps, "group_by_length": False}})
         run_stage(config)
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     return [{"loss": row["loss"], "grad_norm": row["grad_norm"]} for row in rows if "grad_norm" in row]
