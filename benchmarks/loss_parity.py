@@ -95,7 +95,8 @@ VARIANTS = {
     "grpo_batch_scale": grpo(loss_type="dapo", scale_rewards="batch"),
     "grpo_mask_truncated": grpo(loss_type="grpo", mask_truncated_completions=True,
                                 note="a masked row still counts in TRL's per-response mean; alignflow leaves it out"),
-    "grpo_kl": grpo(loss_type="dapo", beta=0.04),
+    "grpo_kl": grpo(loss_type="dapo", beta=0.04, use_bias_correction_kl=False),
+    "grpo_kl_bias_corrected": grpo(loss_type="dapo", beta=0.04, use_bias_correction_kl=True),
     "rloo": Variant("rloo", {"advantage_estimator": "rloo", "beta": 0.05, "loss_type": "luspo",
                              "importance_sampling_level": "sequence"}, {"beta": 0.05},
                     "TRL's RLOO loss is -mean(A) at ratio 1 (0: RLOO's A sums to 0 per group), alignflow's luspo "

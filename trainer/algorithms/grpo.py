@@ -15,7 +15,8 @@ estimate of KL(pi || ref) (Shao et al. 2024, eq. 4). With r the importance ratio
   phi(w) = e^lambda w^k e^(-lambda w) (k, lambda by the sign of A; phi(1) = 1).
 
 `importance_sampling_level: sequence` is GSPO (Zheng et al. 2025, eq. 7): one ratio per response,
-exp(mean_t log r_t), shared by its tokens.
+exp(mean_t log r_t), shared by its tokens. `use_bias_correction_kl` multiplies the KL term by r
+(DeepSeek-V3.2, 2025: the unbiased reverse-KL gradient off-policy; TRL's default, not the GRPO paper's).
 
 How the per-token losses L of a batch become one number (`loss_type`; the units a step averages
 over, across micro-batches and ranks, `trainer.algorithms.update.train_step`):
@@ -99,7 +100,7 @@ def vespo_weights(log_ratio: Tensor, mask: Tensor, advantages: Tensor, *, k_pos:
 
 def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, *, loss_type: str,
                 epsilon: float, epsilon_high: float, level: str = "token", sapo_temperatures: tuple = (1.0, 1.05),
-                vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0)) -> tuple[Tensor, Tensor]:
+                vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0)) -> tuple[Tensor, Tensor, Tensor]:
     """The policy term per token and where it was clipped, for every `loss_type` (module docstring).
 
     Args:
@@ -113,7 +114,8 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
         vespo_shape: (k_pos, lambda_pos, k_neg, lambda_neg).
 
     Returns:
-        (B, T) losses (before masking) and (B, T) clip indicators.
+        (B, T) losses (before masking), (B, T) clip indicators, and the ratio r ((B, T), or (B, 1) for
+        sequence ratios) with its gradient.
     """
     log_ratio = importance_log_ratio(logps, old_logps, mask, level)  # (B, T) or (B, 1)
     ratio = torch.exp(log_ratio)
@@ -132,7 +134,7 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
         losses, clipped = -phi * advantages * logps, torch.zeros_like(logps)
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
-    return losses.expand_as(logps), clipped.expand_as(logps)
+    return losses.expand_as(logps), clipped.expand_as(logps), ratio
 
 
 def aggregation_weights(mask: Tensor, loss_type: str, max_completion_length: int | None = None) -> tuple[Tensor, Tensor]:
@@ -172,12 +174,14 @@ class GRPOObjective:
         max_completion_length: `dr_grpo`'s constant (`generation.max_new_tokens`).
         sapo_temperatures: SAPO's (tau for A > 0, tau for A <= 0).
         vespo_shape: VESPO's (k_pos, lambda_pos, k_neg, lambda_neg).
+        use_bias_correction_kl: Multiply the KL term by the ratio r (with its gradient), which makes the KL
+            gradient the unbiased reverse-KL gradient off-policy (DeepSeek-V3.2, 2025; TRL's default).
     """
 
     def __init__(self, *, epsilon: float, epsilon_high: float | None = None, beta: float = 0.0,
                  loss_type: str = "dapo", importance_sampling_level: str = "token",
                  max_completion_length: int | None = None, sapo_temperatures: tuple = (1.0, 1.05),
-                 vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0)) -> None:
+                 vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0), use_bias_correction_kl: bool = False) -> None:
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
         if loss_type == "dr_grpo" and not max_completion_length:
@@ -190,6 +194,7 @@ class GRPOObjective:
         self.max_completion_length = max_completion_length
         self.sapo_temperatures = sapo_temperatures
         self.vespo_shape = vespo_shape
+        self.use_bias_correction_kl = use_bias_correction_kl
 
     @staticmethod
     def loss_mask(batch: dict[str, Tensor]) -> Tensor:
@@ -202,7 +207,7 @@ class GRPOObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mask = self.loss_mask(batch)  # (B, T)
         logps = response_logps(model, batch)  # (B, T)
-        losses, clipped = policy_loss(
+        losses, clipped, ratio = policy_loss(
             logps, old_or_current_logps(batch, logps), batch["advantages"], mask, loss_type=self.loss_type,
             epsilon=self.epsilon, epsilon_high=self.epsilon_high, level=self.level,
             sapo_temperatures=self.sapo_temperatures, vespo_shape=self.vespo_shape)  # (B, T) each
@@ -212,6 +217,8 @@ class GRPOObjective:
         stats = {"clip_fraction": (clipped * weights).sum()}
         if self.beta > 0:  # beta 0: the batch has no reference log-probs, and the term would be 0
             kl = kl_estimate(logps, batch["ref_logps"], "k3")  # (B, T)
+            if self.use_bias_correction_kl:
+                kl = kl * ratio  # (B, T); a (B, 1) sequence ratio broadcasts
             losses = losses + self.beta * kl
             stats["kl/ref"] = (kl.detach() * weights).sum()
         stats["loss"] = (losses.detach() * weights).sum()

@@ -90,6 +90,11 @@ class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
         "token", description="`token`: one ratio pi / pi_old per token; `sequence`: GSPO's one ratio per response, "
         "exp(mean of the token log-ratios), shared by its tokens (Zheng et al. 2025)."
     )
+    use_bias_correction_kl: bool = Field(
+        False, description="Multiply the KL term of the loss by the importance ratio pi / pi_old, which makes its "
+        "gradient the unbiased reverse-KL gradient off-policy (DeepSeek-V3.2; TRL's default is true; the GRPO paper's "
+        "k3 term is false). Only with the KL in the loss (the grpo estimator)."
+    )
     mask_truncated_completions: bool = Field(
         False, description="Leave responses that hit `generation.max_new_tokens` without a stop token out of the loss "
         "(DAPO); counted as `episode/truncated_fraction`."
@@ -138,6 +143,9 @@ class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
         if self.scale_rewards == "group" and self.advantage_estimator != "grpo":
             raise ValueError(f"scale_rewards group divides by the group std of GRPO's advantage; advantage_estimator "
                              f"is {self.advantage_estimator!r}: use batch or none")
+        if self.use_bias_correction_kl and not self.kl_in_loss:
+            raise ValueError(f"use_bias_correction_kl weights the KL term of the loss, but advantage_estimator "
+                             f"{self.advantage_estimator!r} puts the KL in the reward")
         if self.gamma != 1.0 and self.advantage_estimator != "reinforce_plus_plus":
             raise ValueError(f"gamma is {self.gamma} but only reinforce_plus_plus discounts returns (advantage_estimator "
                              f"is {self.advantage_estimator!r})")

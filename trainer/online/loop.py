@@ -179,7 +179,8 @@ def build_actor_objective(config: OnlineStageConfig) -> Any:
             importance_sampling_level=options.importance_sampling_level,
             max_completion_length=config.generation.max_new_tokens,
             sapo_temperatures=(options.sapo_temperature_pos, options.sapo_temperature_neg),
-            vespo_shape=(options.vespo_k_pos, options.vespo_lambda_pos, options.vespo_k_neg, options.vespo_lambda_neg))
+            vespo_shape=(options.vespo_k_pos, options.vespo_lambda_pos, options.vespo_k_neg, options.vespo_lambda_neg),
+            use_bias_correction_kl=options.use_bias_correction_kl)
     options = config.ppo
     return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
 

@@ -145,6 +145,15 @@ def test_beta_adds_the_k3_kl_to_the_reference_weighted_like_the_loss(loss_type, 
     torch.testing.assert_close(output.stats["kl/ref"], torch.tensor(kl_sum))
 
 
+def test_bias_corrected_kl_is_weighted_by_the_ratio():
+    # Ratios 1.5 (row 0) and 0.5 (row 1): dapo's clipped policy term -1.8 (see test_clip_higher...) plus
+    # beta times each token's k3 times its ratio.
+    output = run("dapo", grpo_batch(OFF_POLICY, ref_logps=SHIFTED_REF), beta=0.1, use_bias_correction_kl=True)
+    torch.testing.assert_close(output.total, torch.tensor(-1.8 + 0.1 * (1.5 * 2 * K3_ROW0 + 0.5 * 3 * K3_ROW1)))
+    plain = run("dapo", grpo_batch(OFF_POLICY, ref_logps=SHIFTED_REF), beta=0.1)
+    torch.testing.assert_close(plain.total, torch.tensor(-1.8 + 0.1 * (2 * K3_ROW0 + 3 * K3_ROW1)))
+
+
 def test_importance_weights_of_stale_experience_multiply_the_policy_term_only():
     batch = grpo_batch(ref_logps=SHIFTED_REF)
     batch["importance_weights"] = torch.full((2, 4), 0.5)

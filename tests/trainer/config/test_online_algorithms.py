@@ -27,6 +27,7 @@ def test_the_config_offers_exactly_the_loss_types_the_objective_implements():
     ({"loss_type": "cispo"}, "cispo caps the importance weight at epsilon_high, which is not set"),
     ({"advantage_estimator": "rloo", "scale_rewards": "group"}, "scale_rewards group .* advantage_estimator is 'rloo'"),
     ({"gamma": 0.9}, "gamma is 0.9 but only reinforce_plus_plus discounts"),
+    ({"advantage_estimator": "rloo", "use_bias_correction_kl": True}, "use_bias_correction_kl weights the KL term"),
     ({"loss_aggregation": "token"}, r"loss_aggregation \('token'\) was replaced by loss_type: token -> dapo"),
 ])
 def test_combinations_that_make_no_sense_are_refused_naming_the_keys(options, message):
