@@ -39,25 +39,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 STAGE_PARAMETERS = {
     "sft": {"sft_lr": "lr", "sft_epochs": "max_epochs", "sft_settings": "settings"},
     "dpo": {"dpo_lr": "lr", "dpo_epochs": "max_epochs", "dpo_beta": "beta", "dpo_settings": "settings"},
+    "kto": {"kto_lr": "lr", "kto_epochs": "max_epochs", "kto_beta": "beta", "kto_desirable_weight": "desirable_weight",
+            "kto_undesirable_weight": "undesirable_weight", "kto_settings": "settings"},
+    "orpo": {"orpo_lr": "lr", "orpo_epochs": "max_epochs", "orpo_beta": "beta", "orpo_settings": "settings"},
     "rm": {"rm_lr": "lr", "rm_epochs": "max_epochs", "rm_settings": "settings"},
     "ppo": {"ppo_lr": "lr", "ppo_episodes": "num_episodes", "ppo_kl_coef": "kl_coef",
             "ppo_reward_function": "reward_function", "ppo_settings": "settings"},
     "grpo": {"grpo_lr": "lr", "grpo_episodes": "num_episodes", "grpo_generations": "num_generations",
              "grpo_settings": "settings", "reward_function": "reward_function"},
 }
-STAGES = {"rlhf-dpo": ("dpo",), "rlhf-ppo": ("rm", "ppo"), "rlhf-grpo": ("grpo",)}
+STAGES = {"rlhf-dpo": ("dpo",), "rlhf-ppo": ("rm", "ppo"), "rlhf-grpo": ("grpo",), "rlhf-kto": ("kto",),
+          "rlhf-orpo": ("orpo",)}
+# The datasets a stage trains and evaluates on (pipeline parameters), as the pipelines wire them.
+STAGE_DATA = {"kto": ("unpaired_train_uri", "unpaired_eval_uri"), "ppo": ("prompts_uri", "eval_prompts_uri"),
+              "grpo": ("prompts_uri", "eval_prompts_uri")}
 
 
 def component_defaults(stage: str) -> dict[str, Any]:
     """The defaults of a training component's parameters (what the pipeline leaves unset)."""
     from components.dpo.component import train_dpo
     from components.grpo.component import train_grpo
+    from components.kto.component import train_kto
+    from components.orpo.component import train_orpo
     from components.ppo.component import train_ppo
     from components.rm.component import train_reward_model
     from components.sft.component import train_sft
 
-    function = {"sft": train_sft, "rm": train_reward_model, "dpo": train_dpo, "ppo": train_ppo,
-                "grpo": train_grpo}[stage].python_func
+    function = {"sft": train_sft, "rm": train_reward_model, "dpo": train_dpo, "kto": train_kto, "orpo": train_orpo,
+                "ppo": train_ppo, "grpo": train_grpo}[stage].python_func
     return {name: p.default for name, p in inspect.signature(function).parameters.items()
             if p.default is not inspect.Parameter.empty}
 
@@ -120,10 +129,9 @@ def run_pipeline(pipeline: str, arguments: dict[str, Any], seed: int, root: Path
     reward_model = None
     candidate = sft_model
     for stage in STAGES[pipeline]:
-        online = stage in ("ppo", "grpo")
-        artifacts = {"base_model": sft_model,
-                     "train_dataset": arguments["prompts_uri" if online else "preference_train_uri"],
-                     "eval_dataset": arguments["eval_prompts_uri" if online else "preference_eval_uri"]}
+        train_data, eval_data = STAGE_DATA.get(stage, ("preference_train_uri", "preference_eval_uri"))
+        artifacts = {"base_model": sft_model, "train_dataset": arguments[train_data],
+                     "eval_dataset": arguments[eval_data]}
         if stage == "ppo":
             artifacts["reward_model"] = reward_model
         # The reward model, like SFT, is trained once per seed and parameters.

@@ -10,9 +10,12 @@ from trainer.errors import PipelineError
 def pipelines() -> dict[str, Callable]:
     from pipelines.rlhf_dpo import rlhf_dpo
     from pipelines.rlhf_grpo import rlhf_grpo
+    from pipelines.rlhf_kto import rlhf_kto
+    from pipelines.rlhf_orpo import rlhf_orpo
     from pipelines.rlhf_ppo import rlhf_ppo
 
-    return {"rlhf-dpo": rlhf_dpo, "rlhf-ppo": rlhf_ppo, "rlhf-grpo": rlhf_grpo}
+    return {"rlhf-dpo": rlhf_dpo, "rlhf-ppo": rlhf_ppo, "rlhf-grpo": rlhf_grpo, "rlhf-kto": rlhf_kto,
+            "rlhf-orpo": rlhf_orpo}
 
 
 def get_pipeline(name: str) -> Callable:

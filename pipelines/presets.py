@@ -45,6 +45,8 @@ TINY = {
                                   "ppo.critic_lr": 1e-3}},
     "rlhf-grpo": {**TINY_COMMON, "grpo_lr": 5e-4, "grpo_episodes": 40, "grpo_generations": 8,
                   "grpo_settings": {**TINY_ONLINE, "grpo.rollout_batch_size": 32, "grpo.mini_batch_size": 64}},
+    "rlhf-kto": {**TINY_COMMON, "kto_lr": 5e-4, "kto_epochs": 2, "kto_beta": 1.0, "kto_settings": TINY_SUPERVISED},
+    "rlhf-orpo": {**TINY_COMMON, "orpo_lr": 5e-4, "orpo_epochs": 2, "orpo_beta": 0.1, "orpo_settings": TINY_SUPERVISED},
 }
 # Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
 # the reward model scores higher and the checker does not ("=7", "==7", "3" for every "a+0="): the
@@ -54,7 +56,8 @@ PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING}
 
 # Which input URI parameter each file of the tiny task feeds.
 TINY_INPUTS = {"sft_train_uri": "sft_train", "sft_eval_uri": "sft_eval", "preference_train_uri": "pref_train",
-               "preference_eval_uri": "pref_eval", "prompts_uri": "prompts", "eval_prompts_uri": "eval_prompts"}
+               "preference_eval_uri": "pref_eval", "unpaired_train_uri": "kto_train", "unpaired_eval_uri": "kto_eval",
+               "prompts_uri": "prompts", "eval_prompts_uri": "eval_prompts"}
 
 
 def write_tiny_inputs(root: Path) -> dict[str, str]:

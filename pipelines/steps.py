@@ -14,6 +14,7 @@ pipeline's MLflow parent run, whose id every stage gets (`parent_run_id`) so its
 closes the parent run with the pipeline's final state.
 """
 
+from collections.abc import Callable
 from importlib import metadata
 
 from kfp import dsl
@@ -111,3 +112,36 @@ def cluster_arguments(launcher_mode: str, trainer_image: str, num_nodes: int, gp
     """What every job-launching component receives: where and how big its PyTorchJob is."""
     return dict(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, launcher_mode=launcher_mode, trainer_image=trainer_image,
                 num_nodes=num_nodes, gpus_per_node=gpus_per_node, s3_secret=s3_secret)
+
+
+def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str], dataset_sha256: dict, cluster: dict,
+                   scheduling: dict, sft: tuple[float, int, dict],
+                   align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], dsl.PipelineTask],
+                   reward_function: str, max_new_tokens: int, registered_model_name: str) -> None:
+    """The whole frame of a pipeline whose one stage after SFT trains on a dataset (rlhf-kto, rlhf-orpo).
+
+    Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,
+    stage_arguments)` (the pipeline's own stage, started from SFT's model), and the evaluation against
+    SFT with the registration gate.
+
+    Args:
+        pipeline: The pipeline's name (the lineage run and the registered version are tagged with it).
+        base_model_uri: The base model SFT starts from.
+        datasets: The pipeline's dataset URI parameters, by parameter name (`sft_train_uri=...`).
+        dataset_sha256: The datasets' expected hashes (`open_run`).
+        cluster: `cluster_arguments(...)`.
+        scheduling: The run's overrides of the platform's pod defaults.
+        sft: SFT's (learning rate, epochs, settings).
+        align: Builds the stage after SFT.
+        reward_function: How the evaluation scores held-out answers.
+        max_new_tokens: Longest evaluated answer.
+        registered_model_name: The registry name the gate registers under.
+    """
+    lineage = open_run(pipeline, base_model_uri, dataset_sha256, **datasets)
+    stage = stage_arguments(cluster, lineage, scheduling)
+    with run_stages(cluster["launcher_mode"]):
+        inputs = prepare(lineage, base_model_uri, **datasets)
+        sft_task = sft_stage(base_model_uri, inputs, stage, *sft)
+        candidate = align(sft_task, inputs, stage)
+        evaluate_and_register(candidate, sft_task, inputs, cluster, reward_function, max_new_tokens,
+                              registered_model_name, lineage, pipeline, scheduling)

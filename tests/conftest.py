@@ -44,7 +44,7 @@ def stage_dict(stage: str, output_dir: Path, model: Path, train_file: Path, eval
         "checkpoint": {"keep_last": 0},
         "tracking": {"backend": "none"},  # MLflow has its own tests (tests/integration/test_tracking.py)
     }
-    if stage in ("sft", "rm", "dpo"):
+    if stage in ("sft", "rm", "dpo", "kto", "orpo"):
         base["train"]["max_epochs"] = 1  # online stages have no epochs: their length is num_episodes
     return merge(base, updates)
 

@@ -1,4 +1,4 @@
-"""`python -m trainer {sft,rm,dpo,ppo,grpo,evaluate} --config stage.yaml [--set key=value ...]`.
+"""`python -m trainer {sft,rm,dpo,kto,orpo,ppo,grpo,evaluate} --config stage.yaml [--set key=value ...]`.
 
 The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
 leaves the process group; a bad config or bad data ends with one message (a line per problem)

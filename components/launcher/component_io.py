@@ -19,6 +19,9 @@ STAGE_KEYS = {
     "sft": {"max_epochs": "train.max_epochs"},
     "rm": {"max_epochs": "train.max_epochs"},
     "dpo": {"max_epochs": "train.max_epochs", "beta": "dpo.beta", "loss_type": "dpo.loss_type"},
+    "kto": {"max_epochs": "train.max_epochs", "beta": "kto.beta", "loss_type": "kto.loss_type",
+            "desirable_weight": "kto.desirable_weight", "undesirable_weight": "kto.undesirable_weight"},
+    "orpo": {"max_epochs": "train.max_epochs", "beta": "orpo.beta"},
     "ppo": {"num_episodes": "ppo.num_episodes", "kl_coef": "ppo.kl_coef"},
     "grpo": {"num_episodes": "grpo.num_episodes", "num_generations": "grpo.num_generations"},
 }

@@ -27,7 +27,7 @@ from components.launcher.manifest_checks import check_spec
 from components.launcher.pod_template import pod_template
 
 # The trainer's sub-commands a job may run: the training stages and the evaluation of a model.
-STAGES = ("sft", "rm", "dpo", "ppo", "grpo", "evaluate")
+STAGES = ("sft", "rm", "dpo", "kto", "orpo", "ppo", "grpo", "evaluate")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 

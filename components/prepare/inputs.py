@@ -10,8 +10,11 @@ from trainer.storage import get_storage
 
 
 def copy_datasets(sources: dict[str, str]) -> None:
-    """Copy each dataset URI to its artifact path; an unused input (empty URI) becomes an empty file."""
-    for uri, path in sources.items():
+    """Copy each dataset URI to its artifact path (`{path: uri}`); an unused input (empty URI) becomes an empty file.
+
+    Keyed by path: several inputs may share a URI (or be unused, ""), and each output must still be written.
+    """
+    for path, uri in sources.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if not uri:
             Path(path).write_bytes(b"")

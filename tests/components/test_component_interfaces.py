@@ -18,11 +18,14 @@ from trainer.config import STAGE_CONFIGS, Section
 def component_for(stage: str):
     from components.dpo.component import train_dpo
     from components.grpo.component import train_grpo
+    from components.kto.component import train_kto
+    from components.orpo.component import train_orpo
     from components.ppo.component import train_ppo
     from components.rm.component import train_reward_model
     from components.sft.component import train_sft
 
-    return {"sft": train_sft, "rm": train_reward_model, "dpo": train_dpo, "ppo": train_ppo, "grpo": train_grpo}[stage]
+    return {"sft": train_sft, "rm": train_reward_model, "dpo": train_dpo, "kto": train_kto, "orpo": train_orpo,
+            "ppo": train_ppo, "grpo": train_grpo}[stage]
 
 
 def config_field(stage: str, dotted: str):
@@ -45,8 +48,12 @@ def test_component_parameters_match_their_config_fields(stage):
     for parameter, dotted in {**COMMON_KEYS, **STAGE_KEYS[stage]}.items():
         section, field = config_field(stage, dotted)
         spec = inputs[parameter]
-        # A Literal of strings (an enum in the config) is a string parameter in KFP.
-        expected = str if typing.get_origin(field.annotation) is typing.Literal else field.annotation
+        # A Literal of strings (an enum in the config) is a string parameter in KFP; so is a Literal-or-list of them
+        # (`dpo.loss_type`: one name through the parameter, a list through `settings`).
+        options = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Union else ()
+        is_enum = typing.get_origin(field.annotation) is typing.Literal or any(
+            typing.get_origin(option) is typing.Literal for option in options)
+        expected = str if is_enum else field.annotation
         assert KFP_TYPES[spec.type] is expected, f"{stage}.{parameter}: {spec.type} vs {field.annotation}"
         section.__pydantic_validator__.validate_assignment(section.model_construct(), dotted.split(".")[-1],
                                                            spec.default)  # the config accepts the default

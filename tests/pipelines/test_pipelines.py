@@ -2,7 +2,7 @@
 
 On the `tiny` preset every pipeline's candidate beats its SFT baseline on the held-out prompts, so
 the registration gate opens (rlhf-dpo here; rlhf-grpo and rlhf-ppo, a minute or more each, are
-marked slow and run in `make demo`); `tiny-reward-hacking` shows PPO over-optimising its reward
+marked slow and run in `make demo`; so are rlhf-kto and rlhf-orpo); `tiny-reward-hacking` shows PPO over-optimising its reward
 model and the gate staying closed (slow).
 """
 
@@ -16,7 +16,8 @@ from pipelines.local_run import run_locally, task_outputs
 
 
 @pytest.mark.parametrize(("name", "stage_parameter"), [("rlhf-dpo", "dpo_beta"), ("rlhf-ppo", "ppo_kl_coef"),
-                                                      ("rlhf-grpo", "grpo_generations")])
+                                                      ("rlhf-grpo", "grpo_generations"), ("rlhf-kto", "kto_beta"),
+                                                      ("rlhf-orpo", "orpo_beta")])
 def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, tmp_path):
     from kfp import compiler, components
 
@@ -208,6 +209,17 @@ def test_online_pipeline_runs_end_to_end(name, tmp_path):
         stage = summary["train-ppo"]["metrics"]  # the reward model's score on the held-out prompts rose too
         assert stage["eval_reward"] > stage["eval_reward_before"]
         assert evaluation["rm_score"] > evaluation["baseline_rm_score"]
+
+
+@pytest.mark.slow  # about 3-4 minutes each on 2 busy cores
+@pytest.mark.parametrize("name", ["rlhf-kto", "rlhf-orpo"])
+def test_kto_and_orpo_pipelines_beat_sft_and_register(name, tmp_path):
+    run_dir = run_locally(name, tmp_path, {}, preset="tiny")
+    summary = task_outputs(run_dir, started=0.0)
+    evaluation = summary["evaluate-model"]["metrics"]
+    assert evaluation["improvement"] > 0 and "register-model" in summary
+    stage = name.split("-")[1]
+    assert summary[f"train-{stage}"]["metrics"]["eval_rewards_accuracies"] > 0.5
 
 
 @pytest.mark.slow

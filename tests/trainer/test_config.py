@@ -160,8 +160,8 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
 
 def test_unknown_stage_is_rejected(tmp_path):
     path = write_yaml(tmp_path, VALID_DPO)
-    with pytest.raises(ConfigError, match="unknown stage 'kto'"):
-        load_config("kto", path)
+    with pytest.raises(ConfigError, match="unknown stage 'cpo'"):
+        load_config("cpo", path)
 
 
 def test_config_error_is_an_alignflow_error():

@@ -116,6 +116,18 @@ def truncated_importance_weights(old_logps: Tensor, behaviour_logps: Tensor, *, 
     return torch.exp((old_logps - behaviour_logps).detach()).clamp(max=cap)  # (B, T)
 
 
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, *, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate to minimise, -min(r A, clip(r, 1 - low, 1 + high) A), and where the clip bound.
+
+    `high` above `low` is DAPO's clip-higher (Yu et al. 2025, section 3.1). `ratio` broadcasts
+    against `advantages` (a (B, 1) sequence ratio, GSPO). Returns the losses and 1.0 where the
+    clipped branch was the larger loss (the update was cut off), both of the broadcast shape.
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
 def clipped_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, cliprange: float,
                         importance_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-token PPO clipped surrogate (to minimise) and whether each token was clipped. (B, T) each.
@@ -124,12 +136,10 @@ def clipped_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *,
     objective: w * max(-A * ratio, -A * clip(ratio, 1-eps, 1+eps)), ratio against the proximal `old_logps`.
     """
     ratio = torch.exp(logps - old_logps)  # (B, T)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
-    losses = torch.maximum(unclipped, clipped)  # (B, T)
+    losses, clipped = clipped_surrogate(ratio, advantages, low=cliprange, high=cliprange)  # (B, T) each
     if importance_weights is not None:
         losses = importance_weights * losses  # w >= 0, so it commutes with the max
-    return losses, (clipped > unclipped).float()
+    return losses, clipped
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *,

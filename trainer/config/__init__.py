@@ -1,7 +1,8 @@
 """Typed stage configs: the shared sections, one config per stage, and loading them from YAML.
 
-`sections.py` holds what every stage shares, `stages.py` the per-stage configs, `loading.py` the
-YAML reader with `path:line` errors. Import names from here: this is the package's public surface.
+`sections.py` holds what every stage shares, `stages.py` the per-stage configs (their algorithm
+sections in `preference.py` and `online_algorithms.py`), `loading.py` the YAML reader with
+`path:line` errors. Import names from here: this is the package's public surface.
 """
 
 from trainer.config.loading import (  # noqa: F401
@@ -37,8 +38,12 @@ from trainer.config.stages import (  # noqa: F401
     GenerationConfig,
     GRPOAlgorithmConfig,
     GRPOConfig,
+    KTOAlgorithmConfig,
+    KTOConfig,
     OnlineAlgorithmConfig,
     OnlineStageConfig,
+    ORPOAlgorithmConfig,
+    ORPOConfig,
     PPOAlgorithmConfig,
     PPOConfig,
     RewardAlgorithmConfig,

@@ -268,3 +268,15 @@ class TrackingConfig(Section):
     registered_model_name: str | None = Field(
         None, description="Register the logged model under this name in the MLflow model registry."
     )
+
+
+def resolve_packing(packing: bool | None) -> bool:
+    """A `packing` option: null packs where the installed transformers can; true where it cannot is an error."""
+    from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
+
+    if packing is None:
+        return has_at_least("transformers", PACKING_TRANSFORMERS)
+    problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
+    if packing and problem:
+        raise ValueError(f"false or null here: padding-free packing {problem}")
+    return packing

@@ -1,8 +1,9 @@
-"""One config class per stage (sft, rm, dpo, ppo, grpo) and for `evaluate`, built from the shared sections.
+"""One config class per stage (sft, rm, dpo, kto, orpo, ppo, grpo) and for `evaluate`, built from the shared sections.
 
-Supervised stages (sft, rm, dpo) and online stages (ppo, grpo) share the sections that mean the
-same thing in both; each has its own `train` (and online its own `checkpoint`) section, so every
-accepted key does something in the stage that accepts it.
+Supervised stages (sft, rm, dpo, kto, orpo) and online stages (ppo, grpo) share the sections that
+mean the same thing in both; each has its own `train` (and online its own `checkpoint`) section, so
+every accepted key does something in the stage that accepts it. The algorithm sections of the
+preference stages live in `preference.py`, those of the online stages in `online_algorithms.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trainer.config.online_algorithms import GRPOAlgorithmConfig, OnlineAlgorithmConfig, PPOAlgorithmConfig
+from trainer.config.preference import (
+    PAIR_PACKING_DESCRIPTION,
+    DPOAlgorithmConfig,
+    KTOAlgorithmConfig,
+    ORPOAlgorithmConfig,
+)
 from trainer.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -23,6 +31,7 @@ from trainer.config.sections import (
     Section,
     TrackingConfig,
     TrainConfig,
+    resolve_packing,
 )
 
 
@@ -46,18 +55,6 @@ class SupervisedStageConfig(StageConfig):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Epochs, steps, batch sizes, seed and precision.")
 
 
-def resolve_packing(packing: bool | None) -> bool:
-    """A `packing` option: null packs where the installed transformers can; true where it cannot is an error."""
-    from trainer.compat import PACKING_TRANSFORMERS, has_at_least, missing_requirement
-
-    if packing is None:
-        return has_at_least("transformers", PACKING_TRANSFORMERS)
-    problem = missing_requirement("transformers", PACKING_TRANSFORMERS)
-    if packing and problem:
-        raise ValueError(f"false or null here: padding-free packing {problem}")
-    return packing
-
-
 class SFTAlgorithmConfig(Section):
     packing: bool | None = Field(
         None, validate_default=True,
@@ -71,14 +68,6 @@ class SFTAlgorithmConfig(Section):
     @classmethod
     def _resolve_packing(cls, packing: bool | None) -> bool:
         return resolve_packing(packing)
-
-
-PAIR_PACKING_DESCRIPTION = (
-    "Pack each micro-batch's 2B chosen and rejected sequences into padding-free rows of whole sequences (each row "
-    "at most as long as the longest sequence) instead of padding both answers of a pair to one width; sequences "
-    "never attend to each other and the loss is unchanged. Needs transformers>=4.56; null (the default) packs "
-    "where the installed transformers can and pads elsewhere; true with an older transformers is an error."
-)
 
 
 class SFTConfig(SupervisedStageConfig):
@@ -101,43 +90,27 @@ class RewardConfig(SupervisedStageConfig):
     rm: RewardAlgorithmConfig = Field(default_factory=RewardAlgorithmConfig, description="Reward model options.")
 
 
-class DPOAlgorithmConfig(Section):
-    beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
-    loss_type: Literal["sigmoid", "ipo", "simpo"] = Field(
-        "sigmoid", description="`sigmoid` (DPO), `ipo` (squared loss), `simpo` (length-normalised, reference-free)."
-    )
-    label_smoothing: float = Field(
-        0.0, ge=0, lt=0.5, description="Assumed fraction of flipped labels (conservative DPO); sigmoid loss only."
-    )
-    simpo_gamma: float = Field(0.5, ge=0, description="Target reward margin of SimPO (gamma / beta in the paper).")
-    rpo_alpha: float | None = Field(
-        None, ge=0, description="Weight of the chosen response's per-token NLL added to the loss (alpha of DPO+NLL, "
-        "Pang et al. 2024; TRL's rpo_alpha; the paper uses 1.0); null adds none. Works with every loss_type."
-    )
-    reference_free: bool = Field(False, description="Use a uniform reference (log-prob 0) instead of a reference model.")
-    precompute_ref_log_probs: bool = Field(
-        False, description="Compute reference log-probs once before training and free the reference model."
-    )
-    ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
-    packing: bool | None = Field(None, validate_default=True, description=PAIR_PACKING_DESCRIPTION)
+class DPOConfig(SupervisedStageConfig):
+    dpo: DPOAlgorithmConfig = Field(default_factory=DPOAlgorithmConfig, description="DPO loss options.")
 
-    @field_validator("packing", mode="after")
-    @classmethod
-    def _resolve_packing(cls, packing: bool | None) -> bool:
-        return resolve_packing(packing)
+
+class KTOConfig(SupervisedStageConfig):
+    """KTO on unpaired feedback: `data.train_path` holds rows of `prompt`, `completion` and `label`."""
+
+    kto: KTOAlgorithmConfig = Field(default_factory=KTOAlgorithmConfig, description="KTO loss options.")
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> DPOAlgorithmConfig:
-        if self.label_smoothing > 0 and self.loss_type != "sigmoid":
-            raise ValueError(
-                f"label_smoothing is {self.label_smoothing} but loss_type is {self.loss_type!r}; "
-                "label smoothing applies to the sigmoid loss only"
-            )
+    def _check_micro_batch(self) -> KTOConfig:
+        if self.kto.loss_type == "kto" and self.train.micro_batch_size < 2:
+            raise ValueError("kto.loss_type kto estimates its reference point from mismatched pairs of a micro-batch: "
+                             f"train.micro_batch_size must be at least 2 (it is {self.train.micro_batch_size})")
         return self
 
 
-class DPOConfig(SupervisedStageConfig):
-    dpo: DPOAlgorithmConfig = Field(default_factory=DPOAlgorithmConfig, description="DPO loss options.")
+class ORPOConfig(SupervisedStageConfig):
+    """ORPO on preference pairs: no reference model."""
+
+    orpo: ORPOAlgorithmConfig = Field(default_factory=ORPOAlgorithmConfig, description="ORPO loss options.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,49 +157,6 @@ class RewardSourceConfig(Section):
         if (self.model_path is None) == (self.function is None):
             raise ValueError(f"set exactly one of model_path ({self.model_path!r}) and function ({self.function!r})")
         return self
-
-
-class OnlineAlgorithmConfig(Section):
-    num_episodes: int = Field(10, gt=0, description="Collect-then-learn rounds.")
-    num_collect_steps: int = Field(1, gt=0, description="Prompt batches collected per episode.")
-    rollout_batch_size: int = Field(16, gt=0, description="Prompts per rank per collect step.")
-    num_update_epochs: int = Field(1, gt=0, description="Passes over an episode's experience (PPO epochs).")
-    mini_batch_size: int = Field(16, gt=0, description="Sequences per rank per optimizer step.")
-
-
-class PPOAlgorithmConfig(OnlineAlgorithmConfig):
-    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL penalty in the reward (initial value if adaptive).")
-    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
-    target_kl: float | None = Field(None, gt=0, description="Adapt kl_coef towards this KL per sequence; null keeps it fixed.")
-    kl_horizon: int = Field(10000, gt=0, description="Samples over which the adaptive controller corrects.")
-    cliprange: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
-    cliprange_value: float = Field(0.2, gt=0, description="Value clip range around the old values.")
-    vf_coef: float = Field(0.5, gt=0, description="Weight of the value loss.")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount over response tokens.")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    whiten_advantages: bool = Field(True, description="Normalise advantages over the batch.")
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    ptx_coef: float = Field(0.0, ge=0, description="Weight of the pretraining (SFT) loss on `ptx_data_path`.")
-    ptx_data_path: str | None = Field(None, description="SFT-schema data for the ptx loss.")
-    reward_clip: float | None = Field(None, gt=0, description="Clip sequence scores to [-reward_clip, reward_clip].")
-    critic_lr: float = Field(1e-5, gt=0, description="Peak learning rate of the critic.")
-    critic_model_path: str | None = Field(None, description="Critic init; null uses reward.model_path, else model.path.")
-
-    @model_validator(mode="after")
-    def _check_ptx(self) -> PPOAlgorithmConfig:
-        if self.ptx_coef > 0 and self.ptx_data_path is None:
-            raise ValueError(f"ptx_coef is {self.ptx_coef} but ptx_data_path is not set")
-        return self
-
-
-class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
-    num_generations: int = Field(4, ge=2, description="Responses sampled per prompt (the group size).")
-    beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the reference inside the loss.")
-    epsilon: float = Field(0.2, gt=0, description="Policy ratio clip epsilon.")
-    loss_aggregation: Literal["token", "sequence"] = Field(
-        "token", description="Average over all response tokens, or per response then over responses."
-    )
-    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std.")
 
 
 class AsynchronousConfig(Section):
@@ -301,6 +231,14 @@ class PPOConfig(OnlineStageConfig):
 class GRPOConfig(OnlineStageConfig):
     grpo: GRPOAlgorithmConfig = Field(default_factory=GRPOAlgorithmConfig, description="GRPO options.")
 
+    @model_validator(mode="after")
+    def _check_overlong_buffer(self) -> GRPOConfig:
+        buffer, longest = self.grpo.overlong_buffer_length, self.generation.max_new_tokens
+        if buffer is not None and buffer >= longest:
+            raise ValueError(f"grpo.overlong_buffer_length is {buffer} but generation.max_new_tokens is {longest}; the "
+                             "buffer must be shorter than the longest response")
+        return self
+
     @property
     def algorithm(self) -> GRPOAlgorithmConfig:
         return self.grpo
@@ -311,7 +249,8 @@ class GRPOConfig(OnlineStageConfig):
 
 
 STAGE_CONFIGS: dict[str, type[StageConfig]] = {
-    "sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig,
+    "sft": SFTConfig, "rm": RewardConfig, "dpo": DPOConfig, "kto": KTOConfig, "orpo": ORPOConfig, "ppo": PPOConfig,
+    "grpo": GRPOConfig,
 }
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.data.readers import iter_rows
-from trainer.data.schemas import check_preference_row, check_prompt_row, check_sft_row
-from trainer.data.tokenize import encode_preference, encode_sft
+from trainer.data.schemas import check_preference_row, check_prompt_row, check_sft_row, check_unpaired_row
+from trainer.data.tokenize import encode_preference, encode_sft, encode_unpaired
 from trainer.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ SCHEMAS: dict[str, Callable[[Any], str | None]] = {
     "sft": check_sft_row,
     "preference": check_preference_row,
     "prompt": check_prompt_row,
+    "unpaired": check_unpaired_row,
 }
 
 
@@ -39,7 +40,7 @@ def load_rows(path: str, schema: str, *, skip_bad_rows: bool,
 
     Args:
         path: A .jsonl/.parquet file or a saved HF datasets directory.
-        schema: `sft`, `preference` or `prompt`.
+        schema: `sft`, `preference`, `prompt` or `unpaired`.
         skip_bad_rows: Skip and count bad rows instead of raising on the first.
         encode: Turns a valid row into an example; a DataError it raises marks the row bad.
 
@@ -80,3 +81,8 @@ def load_sft_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: 
 def load_preference_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:
     return load_rows(path, "preference", skip_bad_rows=skip_bad_rows,
                      encode=lambda row: encode_preference(tokenizer, row, max_length))
+
+
+def load_unpaired_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:
+    return load_rows(path, "unpaired", skip_bad_rows=skip_bad_rows,
+                     encode=lambda row: encode_unpaired(tokenizer, row, max_length))

@@ -1,4 +1,4 @@
-"""Row schemas of the three dataset kinds, checked before tokenization.
+"""Row schemas of the four dataset kinds, checked before tokenization.
 
 - SFT: `messages` (a list of `{role, content}` with at least one assistant turn), or
   `prompt` + `completion` (both strings, or both lists of messages). The text trained on (the
@@ -6,6 +6,8 @@
   to stop, and is usually a broken export.
 - preference: `prompt`, `chosen`, `rejected` (strings, or lists of messages); optional number `margin`.
   A string `chosen` or `rejected` may be empty (a refusal to answer): it is then just EOS.
+- unpaired (KTO): `prompt`, `completion` (both strings, or both lists of messages), `label` (true for
+  a desirable completion, false for an undesirable one).
 - prompts: `prompt` (string or messages); optional `answer` (string).
 """
 
@@ -83,6 +85,18 @@ def check_preference_row(row: Any) -> str | None:
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
         return f"margin is {margin!r}, expected a number"
     return None
+
+
+def check_unpaired_row(row: Any) -> str | None:
+    """Return why `row` is not a valid unpaired-feedback row (KTO), or None."""
+    if not isinstance(row, dict):
+        return f"expected an object, found {type(row).__name__}"
+    problem = _check_text_or_messages(row, "prompt") or _check_text_or_messages(row, "completion")
+    if problem is None and isinstance(row["prompt"], str) != isinstance(row["completion"], str):
+        problem = "prompt and completion must both be strings or both be message lists"
+    if problem is None and not isinstance(row.get("label"), bool):
+        problem = f"label is {row.get('label')!r}, expected true (desirable) or false (undesirable)"
+    return problem
 
 
 def check_prompt_row(row: Any) -> str | None:

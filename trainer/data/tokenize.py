@@ -121,6 +121,17 @@ def encode_preference(tokenizer: Any, row: dict, max_length: int) -> dict[str, A
     }
 
 
+def encode_unpaired(tokenizer: Any, row: dict, max_length: int) -> dict[str, Any]:
+    """An unpaired row (KTO): the sequence, labels on the completion only, and whether it is desirable.
+
+    `prompt_length` is the number of tokens before the first labelled one: `pad_unpaired` joins one
+    row's prompt to another row's completion there, to estimate KTO's KL reference point.
+    """
+    encoded = _encode_segments(tokenizer, completion_segments(tokenizer, row["prompt"], row["completion"]), max_length)
+    prompt_length = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
+    return {**encoded, "prompt_length": prompt_length, "desirable": bool(row["label"])}
+
+
 def encode_prompt(tokenizer: Any, prompt: str | list[dict]) -> list[int]:
     """Token ids of a prompt ready for generation (chat prompts end with the assistant header)."""
     return [token for text, _ in prompt_segments(tokenizer, prompt) for token in _ids(tokenizer, text)]

@@ -1,7 +1,7 @@
 """`Experience`: a batch of rollouts and everything the update needs to learn from it.
 
 All tensors are (B, T) over prompt + response tokens (prompts left-padded, responses right-padded)
-unless noted. Position t of `old_logps`/`ref_logps`/`values`/`advantages` refers to token t
+unless noted (`scores` and `truncated` are (B,)). Position t of `old_logps`/`ref_logps`/`values`/`advantages` refers to token t
 (the action chosen after reading tokens < t); only positions with `action_mask` 1 matter.
 """
 
@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 TOKEN_FIELDS = ("input_ids", "attention_mask", "action_mask", "position_ids", "old_logps", "ref_logps",
-                "values", "rewards", "advantages", "returns", "behaviour_logps", "importance_weights")
+                "values", "rewards", "advantages", "returns", "behaviour_logps", "importance_weights", "loss_mask")
+ROW_FIELDS = ("scores", "truncated")
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Experience:
     position_ids: Tensor
     scores: Tensor
     """(B,) sequence scores from the reward source."""
+    truncated: Tensor | None = None
+    """(B,) 1.0 where the response hit `generation.max_new_tokens` without a stop token."""
     old_logps: Tensor | None = None
     """Log-probs under the policy at the start of the update (the proximal policy, Hilton et al. 2022):
     the one that generated the responses in the colocated loop, the trainer's current one in the
@@ -37,6 +40,9 @@ class Experience:
     """Log-probs under the explorer's weights that generated the responses (asynchronous path only)."""
     importance_weights: Tensor | None = None
     """Truncated per-token weights pi_old / pi_behaviour that correct stale experience (asynchronous path)."""
+    loss_mask: Tensor | None = None
+    """The response tokens the GRPO loss counts: `action_mask` without the rows dynamic sampling or
+    `mask_truncated_completions` dropped (GRPO only; None counts every response token)."""
     version: int = 0
     """Weight version of the policy that generated it (the asynchronous path)."""
     info: dict[str, float] = field(default_factory=dict)
@@ -64,7 +70,7 @@ def _pad_right(tensor: Tensor, width: int, value: float) -> Tensor:
 
 
 def concat_experiences(experiences: list[Experience], pad_token_id: int) -> Experience:
-    """Stack experiences whose sequence lengths differ by right-padding them to the longest."""
+    """Stack experiences whose sequence lengths differ by right-padding them to the longest; `info` counts add up."""
     width = max(e.input_ids.shape[1] for e in experiences)
     merged = {}
     for name in TOKEN_FIELDS:
@@ -73,8 +79,13 @@ def concat_experiences(experiences: list[Experience], pad_token_id: int) -> Expe
             continue
         value = pad_token_id if name == "input_ids" else 0
         merged[name] = torch.cat([_pad_right(p, width, value) for p in parts])
-    merged["scores"] = torch.cat([e.scores for e in experiences])
-    return Experience(**merged, version=min(e.version for e in experiences))
+    for name in ROW_FIELDS:
+        parts = [getattr(e, name) for e in experiences]
+        if all(p is not None for p in parts):
+            merged[name] = torch.cat(parts)
+    keys = {key for e in experiences for key, value in e.info.items() if isinstance(value, (int, float))}
+    info = {key: float(sum(e.info.get(key, 0.0) for e in experiences)) for key in keys}
+    return Experience(**merged, version=min(e.version for e in experiences), info=info)
 
 
 class ReplayBuffer:

@@ -29,7 +29,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.algorithms.grpo import GRPOObjective, group_advantages
+from trainer.algorithms.advantages import (
+    group_advantages,
+    informative_rows,
+    moment_sums,
+    moments,
+    normalise,
+    overlong_penalty,
+    reinforce_returns,
+    rloo_advantages,
+    sequence_kl_penalty,
+)
+from trainer.algorithms.grpo import GRPOObjective
 from trainer.algorithms.ppo import (
     AdaptiveKLController,
     PPOActorObjective,
@@ -56,6 +67,7 @@ from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
 SAMPLES_KEPT = 5
+GRPO_COUNTS = ("rows", "dropped_groups", "truncated", "overlong_penalty")  # what `grpo_advantages` counts in `info`
 
 
 # -- shared with the asynchronous engine ----------------------------------------------------------
@@ -65,14 +77,11 @@ def compute_advantages(experience: Experience, config: OnlineStageConfig, kl_coe
     """Rewards and advantages of a batch whose log-probs (and, for PPO, values) are filled in.
 
     PPO: per-token KL-shaped rewards from `old_logps` and `ref_logps`, GAE, optional whitening.
-    GRPO: the group-normalised score on every response token (rows come in groups of
-    `num_generations`). Returns a copy with `rewards`/`returns` (PPO) and `advantages` set.
+    GRPO: `grpo_advantages`. Returns a copy with `rewards`/`returns` (PPO) and `advantages` set.
     """
-    mask = experience.action_mask.float()  # (B, T)
     if isinstance(config, GRPOConfig):
-        options = config.grpo
-        advantages = group_advantages(experience.scores, options.num_generations, scale=options.scale_rewards)  # (B,)
-        return replace(experience, advantages=advantages[:, None] * mask)
+        return grpo_advantages(experience, config)
+    mask = experience.action_mask.float()  # (B, T)
     options = config.ppo
     if experience.ref_logps is None:  # no reference (kl_coef 0, `needs_reference`): no KL penalty to shape
         kl = torch.zeros_like(mask)
@@ -83,6 +92,61 @@ def compute_advantages(experience: Experience, config: OnlineStageConfig, kl_coe
     if options.whiten_advantages:
         advantages = whiten(advantages, mask)
     return replace(experience, rewards=rewards, advantages=advantages, returns=returns)
+
+
+def batch_moments(values: torch.Tensor, mask: torch.Tensor):
+    """Mean and std of `values` where `mask` is 1, over every rank's rows (a collective: every rank calls it)."""
+    return moments(all_reduce_sum(moment_sums(values.float(), mask)))
+
+
+def grpo_advantages(experience: Experience, config: GRPOConfig) -> Experience:
+    """GRPO's shaped scores, advantages and loss mask (`trainer.algorithms.advantages` has the formulas).
+
+    Rows come in groups of `num_generations`. The overlong penalty is added to the scores first;
+    dynamic sampling then drops groups whose (shaped) scores are all equal from the loss and from the
+    batch statistics, and `mask_truncated_completions` drops truncated responses from the loss only
+    (they still shape their group's baseline, as in TRL). `info` counts what was dropped and added,
+    for the episode's metrics (`grpo_metrics`).
+    """
+    options = config.grpo
+    mask = experience.action_mask.float()  # (B, T)
+    scores = experience.scores.float()  # (B,)
+    penalty = torch.zeros_like(scores)
+    if options.overlong_buffer_length is not None:
+        penalty = overlong_penalty(mask.sum(-1), max_length=config.generation.max_new_tokens,
+                                   buffer_length=options.overlong_buffer_length, factor=options.overlong_penalty_factor)
+        scores = scores + penalty
+    n = options.num_generations
+    kept = informative_rows(scores, n) if options.dynamic_sampling else torch.ones_like(scores)  # (B,)
+    truncated = experience.truncated if experience.truncated is not None else torch.zeros_like(scores)
+    has_kl = experience.ref_logps is not None and options.beta > 0 and not options.kl_in_loss
+    kl = (experience.old_logps - experience.ref_logps) * mask if has_kl else torch.zeros_like(mask)  # k1, (B, T)
+    scale = options.resolved_scale_rewards
+    if options.advantage_estimator == "grpo":
+        batch = batch_moments(scores, kept) if scale == "batch" else None
+        advantages = group_advantages(scores, n, scale=scale, batch=batch)[:, None] * mask  # (B, T)
+    elif options.advantage_estimator == "rloo":
+        per_row = rloo_advantages(sequence_kl_penalty(scores, kl, mask, kl_coef=options.beta), n)  # (B,)
+        if scale == "batch":
+            per_row = normalise(per_row, batch_moments(per_row, kept))
+        advantages = per_row[:, None] * mask
+    else:  # reinforce_plus_plus
+        advantages = reinforce_returns(scores, kl, mask, kl_coef=options.beta, gamma=options.gamma)  # (B, T)
+        if scale == "batch":
+            advantages = normalise(advantages, batch_moments(advantages, mask * kept[:, None]), mask)
+    keep_in_loss = kept * (1 - truncated) if options.mask_truncated_completions else kept  # (B,)
+    info = {"rows": float(len(scores)), "dropped_groups": float((1 - kept).sum()) / n,
+            "truncated": float(truncated.sum()), "overlong_penalty": float(penalty.sum())}
+    return replace(experience, advantages=advantages, loss_mask=mask * keep_in_loss[:, None],
+                   info={**experience.info, **info})
+
+
+def grpo_metrics(info: dict[str, float]) -> dict[str, float]:
+    """The episode metrics of `grpo_advantages`' counts (summed over a batch's parts and ranks)."""
+    rows = max(info.get("rows", 0.0), 1.0)
+    return {"episode/dropped_groups": info.get("dropped_groups", 0.0),
+            "episode/truncated_fraction": info.get("truncated", 0.0) / rows,
+            "episode/overlong_penalty": info.get("overlong_penalty", 0.0) / rows}
 
 
 def needs_reference(config: OnlineStageConfig) -> bool:
@@ -109,7 +173,14 @@ def build_actor_objective(config: OnlineStageConfig) -> Any:
     """The policy objective of the stage: GRPO's, or PPO's clipped surrogate (+ entropy, ptx)."""
     if isinstance(config, GRPOConfig):
         options = config.grpo
-        return GRPOObjective(epsilon=options.epsilon, beta=options.beta, loss_aggregation=options.loss_aggregation)
+        return GRPOObjective(
+            epsilon=options.epsilon, epsilon_high=options.epsilon_high,
+            beta=options.beta if options.kl_in_loss else 0.0, loss_type=options.loss_type,
+            importance_sampling_level=options.importance_sampling_level,
+            max_completion_length=config.generation.max_new_tokens,
+            sapo_temperatures=(options.sapo_temperature_pos, options.sapo_temperature_neg),
+            vespo_shape=(options.vespo_k_pos, options.vespo_lambda_pos, options.vespo_k_neg, options.vespo_lambda_neg),
+            use_bias_correction_kl=options.use_bias_correction_kl)
     options = config.ppo
     return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
 
@@ -298,11 +369,14 @@ class PPOTrainer(OLTrainer):
         has_kl = experience.ref_logps is not None  # no reference: no KL to report (nor to adapt kl_coef to)
         kl_to_ref = ((experience.old_logps - experience.ref_logps) * mask).sum(-1) if has_kl \
             else torch.zeros(len(experience), device=mask.device)  # (B,) k1 per sequence
-        local = torch.stack([experience.scores.float().sum(), mask.sum(), kl_to_ref.sum(),
-                             torch.tensor(float(len(experience)), device=mask.device)])
-        score, tokens, kl, count = all_reduce_sum(local).tolist()
+        counts = [experience.info.get(key, 0.0) for key in GRPO_COUNTS]  # GRPO's drops and penalties (else 0)
+        local = torch.tensor([experience.scores.float().sum().item(), mask.sum().item(), kl_to_ref.sum().item(),
+                              float(len(experience)), *counts], dtype=torch.float64, device=mask.device)
+        score, tokens, kl, count, *counts = all_reduce_sum(local).tolist()
         metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
                    "episode/kl_coef": self.kl_controller.value}
+        if isinstance(self.config, GRPOConfig):
+            metrics.update(grpo_metrics(dict(zip(GRPO_COUNTS, counts))))
         if has_kl:
             metrics["episode/kl_to_ref"] = kl / count
             self.kl_controller.update(kl / count, int(count))

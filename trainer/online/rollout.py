@@ -51,7 +51,8 @@ def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[l
     """Sample one response per prompt with `sampler` (an engine, or a model for the default `hf` engine).
 
     Returns:
-        input_ids, attention_mask, action_mask, position_ids: (B, P + R), R the longest response.
+        input_ids, attention_mask, action_mask, position_ids: (B, P + R), R the longest response;
+        truncated: (B,) 1.0 where the response has no stop token (it hit `max_new_tokens`).
     """
     prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -66,7 +67,8 @@ def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[l
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     action_mask = torch.cat([torch.zeros_like(prompt_mask), response_mask], dim=1)
     return {"input_ids": torch.cat([prompt_ids, response], dim=1), "attention_mask": attention_mask,
-            "action_mask": action_mask, "position_ids": positions_from_mask(attention_mask)}
+            "action_mask": action_mask, "position_ids": positions_from_mask(attention_mask),
+            "truncated": (~is_stop.any(dim=1)).float()}
 
 
 def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
@@ -81,7 +83,7 @@ def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
 class ScoredRollout:
     """Sequences generated for prompt rows, their decoded responses and their scores."""
 
-    batch: dict[str, Tensor]  # input_ids, attention_mask, action_mask, position_ids: (B, P + R)
+    batch: dict[str, Tensor]  # input_ids, attention_mask, action_mask, position_ids: (B, P + R); truncated (B,)
     prompts: list[str]
     responses: list[str]
     scores: Tensor  # (B,)

@@ -1,4 +1,4 @@
-"""Building and running a supervised stage (sft, rm, dpo) from its config.
+"""Building and running a supervised stage (sft, rm, dpo, kto, orpo) from its config.
 
 `trainer.lifecycle.context` does the setup every stage shares (process group, plugin, booster, tokenizer,
 tracker, resume, export); each `_prepare_<stage>` only picks its model, data, collate function and
@@ -17,14 +17,16 @@ import torch
 from torch import nn
 
 from trainer.algorithms.dpo import DPOObjective, preference_logps
+from trainer.algorithms.kto import KTOObjective
+from trainer.algorithms.orpo import ORPOObjective
 from trainer.algorithms.reward import RewardObjective
 from trainer.algorithms.sft import SFTObjective
 from trainer.algorithms.update import Objective, to_device
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
-from trainer.config import DPOConfig, RewardConfig, SFTConfig, StageConfig
-from trainer.data.collate import pack_preference, pack_sft, pad_preference, pad_sft
-from trainer.data.dataset import load_preference_dataset, load_sft_dataset
+from trainer.config import DPOConfig, KTOConfig, ORPOConfig, RewardConfig, SFTConfig, StageConfig
+from trainer.data.collate import pack_preference, pack_sft, pad_preference, pad_sft, pad_unpaired
+from trainer.data.dataset import load_preference_dataset, load_sft_dataset, load_unpaired_dataset
 from trainer.errors import TrainingError
 from trainer.lifecycle.context import (
     RunContext,
@@ -89,40 +91,69 @@ def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[di
     return functools.partial(pack_preference if packing else pad_preference, pad_token_id=context.tokenizer.pad_token_id)
 
 
+def _preference_data(packing: bool, context: RunContext) -> tuple[Callable, list, list | None]:
+    """The collate function and the train and eval pairs of a preference stage (rm, dpo, orpo)."""
+    return (_preference_collate(packing, context), _load_split(load_preference_dataset, "train", context),
+            _load_split(load_preference_dataset, "eval", context))
+
+
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
-    collate = _preference_collate(config.rm.packing, context)
-    train = _load_split(load_preference_dataset, "train", context)
-    evaluation = _load_split(load_preference_dataset, "eval", context)
+    collate, train, evaluation = _preference_data(config.rm.packing, context)
     model = load_value_model(config.model, plugin=context.plugin)
     if config.rm.packing:
         use_varlen_attention(model)
     return StageParts(model, train, evaluation, collate, RewardObjective(use_margin=config.rm.use_margin))
 
 
+def _load_reference(config: DPOConfig | KTOConfig, path: str | None, key: str, context: RunContext,
+                    sharded: bool = True) -> nn.Module:
+    """The frozen reference policy (`path`, default `model.path`). Sharded under FSDP2 when it runs beside the
+    policy (every rank, every step: its all-gathers line up); `sharded=False` loads it whole."""
+    return load_frozen(load_causal_lm, config.model, context.plugin.device, path, key=key,
+                       plugin=context.plugin if sharded else None)
+
+
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     options = config.dpo
-    collate = _preference_collate(options.packing, context)
-    train = _load_split(load_preference_dataset, "train", context)
-    evaluation = _load_split(load_preference_dataset, "eval", context)
+    collate, train, evaluation = _preference_data(options.packing, context)
     reference = None
-    if options.loss_type != "simpo" and not options.reference_free:
-        # Sharded under FSDP2 when it runs beside the policy (every rank, every step: its all-gathers line
-        # up); precomputing splits the pairs unevenly across ranks, so that reference loads whole.
-        reference = load_frozen(load_causal_lm, config.model, context.plugin.device, options.ref_model_path,
-                                key="dpo.ref_model_path",
-                                plugin=None if options.precompute_ref_log_probs else context.plugin)
+    if options.needs_reference:
+        # Precomputing splits the pairs unevenly across ranks, so that reference loads whole.
+        reference = _load_reference(config, options.ref_model_path, "dpo.ref_model_path", context,
+                                    sharded=not options.precompute_ref_log_probs)
         if options.packing:
             use_varlen_attention(reference)
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):
                 _attach_reference_logps(reference, examples, collate, context)
             reference = None  # freed: the batches now carry the reference log-probs
-    objective = DPOObjective(beta=options.beta, loss_type=options.loss_type, label_smoothing=options.label_smoothing,
-                             simpo_gamma=options.simpo_gamma, rpo_alpha=options.rpo_alpha, ref_model=reference)
+    objective = DPOObjective(beta=options.beta, loss_type=options.loss_types, loss_weights=options.loss_weights,
+                             label_smoothing=options.label_smoothing, simpo_gamma=options.simpo_gamma,
+                             discopop_tau=options.discopop_tau, rpo_alpha=options.rpo_alpha, ref_model=reference)
     model = load_causal_lm(config.model, plugin=context.plugin)
     if options.packing:
         use_varlen_attention(model)
     return StageParts(model, train, evaluation, collate, objective)
+
+
+def _prepare_kto(config: KTOConfig, context: RunContext) -> StageParts:
+    options = config.kto
+    collate = functools.partial(pad_unpaired, pad_token_id=context.tokenizer.pad_token_id,
+                                max_length=config.data.max_length)
+    train = _load_split(load_unpaired_dataset, "train", context)
+    evaluation = _load_split(load_unpaired_dataset, "eval", context)
+    reference = _load_reference(config, options.ref_model_path, "kto.ref_model_path", context)
+    objective = KTOObjective(beta=options.beta, ref_model=reference, loss_type=options.loss_type,
+                             desirable_weight=options.desirable_weight, undesirable_weight=options.undesirable_weight)
+    return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, objective)
+
+
+def _prepare_orpo(config: ORPOConfig, context: RunContext) -> StageParts:
+    collate, train, evaluation = _preference_data(config.orpo.packing, context)
+    model = load_causal_lm(config.model, plugin=context.plugin)
+    if config.orpo.packing:
+        use_varlen_attention(model)
+    return StageParts(model, train, evaluation, collate, ORPOObjective(beta=config.orpo.beta))
 
 
 @torch.no_grad()
@@ -146,6 +177,8 @@ PREPARE: dict[type, Callable[[Any, RunContext], StageParts]] = {
     SFTConfig: _prepare_sft,
     RewardConfig: _prepare_rm,
     DPOConfig: _prepare_dpo,
+    KTOConfig: _prepare_kto,
+    ORPOConfig: _prepare_orpo,
 }
 
 

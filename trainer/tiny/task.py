@@ -1,8 +1,9 @@
 """A small addition task whose answers can be checked.
 
 Prompts are `"a+b="` with single-digit operands and the answer is the decimal sum. SFT rows teach
-the format, preference rows prefer the correct sum over a near miss or a malformed answer, and prompt rows carry the
-answer so a reward function (`check_answer`) can score generations for PPO/GRPO.
+the format, preference rows prefer the correct sum over a near miss or a malformed answer, unpaired rows (KTO) are
+the same answers labelled desirable or not, and prompt rows carry the answer so a reward function
+(`check_answer`) can score generations for PPO/GRPO.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def preference_rows(num_per_problem: int, seed: int, max_operand: int = 9) -> li
     ]
 
 
+def unpaired_rows(pairs: list[dict]) -> list[dict]:
+    """KTO's rows from preference pairs: each chosen answer labelled desirable, each rejected one undesirable."""
+    return [{"prompt": pair["prompt"], "completion": pair[side], "label": side == "chosen"}
+            for pair in pairs for side in ("chosen", "rejected")]
+
+
 def prompt_rows(max_operand: int = 9) -> list[dict]:
     return [{"prompt": prompt, "answer": answer} for prompt, answer in problems(max_operand)]
 
@@ -64,11 +71,14 @@ def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
     directory = Path(directory)
     rows = sft_rows()
     held_out = set(range(0, len(rows), 5))  # every fifth problem is never shown to SFT
+    pref_train, pref_eval = preference_rows(8, seed), preference_rows(1, seed + 1)
     return {
         "sft_train": write_jsonl([r for i, r in enumerate(rows) if i not in held_out], directory / "sft_train.jsonl"),
         "sft_eval": write_jsonl([rows[i] for i in sorted(held_out)], directory / "sft_eval.jsonl"),
-        "pref_train": write_jsonl(preference_rows(8, seed), directory / "pref_train.jsonl"),
-        "pref_eval": write_jsonl(preference_rows(1, seed + 1), directory / "pref_eval.jsonl"),
+        "pref_train": write_jsonl(pref_train, directory / "pref_train.jsonl"),
+        "pref_eval": write_jsonl(pref_eval, directory / "pref_eval.jsonl"),
+        "kto_train": write_jsonl(unpaired_rows(pref_train), directory / "kto_train.jsonl"),
+        "kto_eval": write_jsonl(unpaired_rows(pref_eval), directory / "kto_eval.jsonl"),
         # Online stages train on the SFT problems and are evaluated on the held-out ones.
         "prompts": write_jsonl([r for i, r in enumerate(prompt_rows()) if i not in held_out], directory / "prompts.jsonl"),
         "eval_prompts": write_jsonl([prompt_rows()[i] for i in sorted(held_out)], directory / "eval_prompts.jsonl"),

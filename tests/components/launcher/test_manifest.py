@@ -203,7 +203,7 @@ def test_job_name_is_stable_per_run_and_task_and_a_dns_label():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"stage": "kto"}, "stage is 'kto'"),
+    ({"stage": "cpo"}, "stage is 'cpo'"),
     ({"clean_pod_policy": "Sometimes"}, "clean_pod_policy is 'Sometimes'"),
     ({"restart_policy": "Maybe"}, "restart_policy is 'Maybe'"),
     ({"nproc_per_node": 0}, "nproc_per_node is 0"),
@@ -229,5 +229,5 @@ def test_bad_specs_are_rejected_with_the_field_named(changes, message):
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(LaunchError) as err:
-        build_pytorchjob(gpu_spec(stage="kto", image=""))
-    assert "stage is 'kto'" in str(err.value) and "image is empty" in str(err.value)
+        build_pytorchjob(gpu_spec(stage="cpo", image=""))
+    assert "stage is 'cpo'" in str(err.value) and "image is empty" in str(err.value)

@@ -20,5 +20,6 @@ class BigramLM(nn.Module):
         with torch.no_grad():
             self.table.weight.copy_(torch.tensor(weights, dtype=torch.float32).log())
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
-        return SimpleNamespace(logits=self.table(input_ids))  # (B, T, V)
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0):
+        logits = self.table(input_ids)  # (B, T, V)
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)

@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from tests.trainer.algorithms.stand_ins import BigramLM
-from trainer.algorithms.dpo import DPOObjective, chosen_nll_loss, ipo_loss, sigmoid_preference_loss, simpo_loss
+from trainer.algorithms.dpo import (
+    LOSS_TYPES,
+    DPOObjective,
+    PairLogps,
+    aot_loss,
+    chosen_nll_loss,
+    ipo_loss,
+    pair_loss,
+    sigmoid_preference_loss,
+    simpo_loss,
+)
 from trainer.data.tokenize import IGNORE_INDEX as X
 
 LN2 = math.log(2)
@@ -179,3 +189,99 @@ def test_rpo_gradient_raises_the_chosen_answer_even_when_dpo_alone_is_indifferen
     assert plain_policy.table.weight.grad.abs().max() == 0
     step = -rpo_policy.table.weight.grad  # a gradient-descent step direction
     assert step[1, 2] > 0  # the logit of "2 after 1" goes up: p(chosen) rises
+
+
+# ---- the other loss types of TRL's list ----------------------------------------------------------
+
+sigmoid = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+B = 0.5  # beta of the cases below; chosen log-ratios c = [1, -0.5], rejected r = [0, 0.5], h = c - r = [1, -1]
+PAIRS = list(zip(CHOSEN, REJECTED))
+EPS = 0.1  # label smoothing of the smoothed losses
+EXO_EPS = 1e-3  # EXO's eps (the paper's value)
+
+
+def hand_exo(h: float) -> float:
+    q = sigmoid(B * h)  # softmax of beta [c, r] over the pair
+    return q * (math.log(q) - math.log(1 - EXO_EPS)) + (1 - q) * (math.log(1 - q) - math.log(EXO_EPS))
+
+
+def hand_discopop(h: float, tau: float = 0.05) -> float:
+    mix = sigmoid(B * h / tau)
+    return (1 - mix) * neg_log_sigmoid(B * h) + mix * math.exp(-B * h)
+
+
+HAND_PAIR_LOSSES = {  # loss_type: (options, per-pair formula of (c, r))
+    "hinge": ({}, lambda c, r: max(0.0, 1 - B * (c - r))),
+    "nca_pair": ({}, lambda c, r: neg_log_sigmoid(B * c) + 0.5 * neg_log_sigmoid(-B * c) + 0.5 * neg_log_sigmoid(-B * r)),
+    "robust": ({"label_smoothing": EPS},
+               lambda c, r: ((1 - EPS) * neg_log_sigmoid(B * (c - r)) - EPS * neg_log_sigmoid(-B * (c - r))) / (1 - 2 * EPS)),
+    "exo_pair": ({"label_smoothing": EXO_EPS}, lambda c, r: hand_exo(c - r)),
+    "bco_pair": ({}, lambda c, r: neg_log_sigmoid(B * c) + neg_log_sigmoid(-B * r)),
+    "sppo_hard": ({}, lambda c, r: (c - 1 / (2 * B)) ** 2 + (r + 1 / (2 * B)) ** 2),  # (c - 1)^2 + (r + 1)^2
+    "apo_zero": ({}, lambda c, r: 1 - sigmoid(B * c) + sigmoid(B * r)),
+    "apo_down": ({}, lambda c, r: sigmoid(B * c) + 1 - sigmoid(B * (c - r))),
+    "discopop": ({}, lambda c, r: hand_discopop(c - r)),
+}
+
+
+def pair_of(chosen_logratios, rejected_logratios, chosen_tokens=(1.0, 1.0), rejected_tokens=(1.0, 1.0)) -> PairLogps:
+    """A pair batch whose reference log-probs are 0, so the policy log-probs are the log-ratios."""
+    zeros = torch.zeros(len(chosen_logratios))
+    return PairLogps(torch.tensor(chosen_logratios), torch.tensor(rejected_logratios), zeros, zeros,
+                     torch.tensor(chosen_tokens), torch.tensor(rejected_tokens))
+
+
+@pytest.mark.parametrize("loss_type", HAND_PAIR_LOSSES)
+def test_every_pair_loss_matches_its_paper_formula(loss_type):
+    options, formula = HAND_PAIR_LOSSES[loss_type]
+    losses = pair_loss(loss_type, pair_of(CHOSEN, REJECTED), beta=B, **options)
+    torch.testing.assert_close(losses, torch.tensor([formula(c, r) for c, r in PAIRS]))
+
+
+def test_sppo_hard_hand_values():
+    # beta 0.5: (c - 1)^2 + (r + 1)^2 = 0 + 1 for pair 0 and 2.25 + 2.25 for pair 1.
+    torch.testing.assert_close(pair_loss("sppo_hard", pair_of(CHOSEN, REJECTED), beta=B), torch.tensor([1.0, 4.5]))
+
+
+def test_aot_sorts_the_policy_and_reference_margins_of_the_batch():
+    # Sorted policy margins [-1, 3] against sorted reference margins [0, 2]: deltas -1 and 1.
+    losses = aot_loss(torch.tensor([3.0, -1.0]), torch.tensor([0.0, 2.0]), beta=B)
+    torch.testing.assert_close(losses, torch.tensor([neg_log_sigmoid(-B), neg_log_sigmoid(B)]))
+    # `aot` reads log pi(y_w) - log pi(y_l) and the reference's; `aot_unpaired` sorts c and r themselves.
+    pair = PairLogps(torch.tensor([3.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 2.0]),
+                     torch.tensor([0.0, 0.0]), torch.ones(2), torch.ones(2))
+    torch.testing.assert_close(pair_loss("aot", pair, beta=B), losses)  # margins [3, -1], ref [0, 2]
+    # unpaired: c = [3, -2] sorted [-2, 3]; r = [0, 1] sorted [0, 1] -> deltas -2 and 2.
+    torch.testing.assert_close(pair_loss("aot_unpaired", pair, beta=B),
+                               torch.tensor([neg_log_sigmoid(-2 * B), neg_log_sigmoid(2 * B)]))
+
+
+def test_sigmoid_norm_divides_each_log_ratio_by_its_response_length():
+    # c = [1, -0.5] over [2, 1] tokens, r = [0, 0.5] over [1, 4] tokens: h = [0.5 - 0, -0.5 - 0.125].
+    losses = pair_loss("sigmoid_norm", pair_of(CHOSEN, REJECTED, (2.0, 1.0), (1.0, 4.0)), beta=B)
+    torch.testing.assert_close(losses, torch.tensor([hand_sigmoid(0.5, B), hand_sigmoid(-0.625, B)]))
+
+
+def test_sft_loss_is_the_chosen_per_token_nll():
+    losses = pair_loss("sft", pair_of([-2.0, -3.0], [0.0, 0.0], (2.0, 3.0)), beta=B)
+    torch.testing.assert_close(losses, torch.tensor([1.0, 1.0]))
+
+
+def test_every_loss_type_runs_through_the_objective_and_only_reference_free_ones_skip_the_reference():
+    for loss_type in LOSS_TYPES:
+        objective = DPOObjective(beta=B, loss_type=loss_type, label_smoothing=EXO_EPS if loss_type == "exo_pair" else 0)
+        output = objective(BigramLM(POLICY), preference_batch(ref_logps=REF_LOGPS))
+        assert torch.isfinite(output.total), loss_type
+        assert objective.needs_reference == (loss_type not in ("simpo", "sft")), loss_type
+
+
+def test_a_list_of_loss_types_adds_their_losses_with_their_weights():
+    batch = preference_batch(ref_logps=REF_LOGPS)
+    parts = {name: DPOObjective(beta=B, loss_type=name)(BigramLM(POLICY), batch).total for name in ("sigmoid", "sft")}
+    combined = DPOObjective(beta=B, loss_type=["sigmoid", "sft"], loss_weights=[0.8, 0.2])(BigramLM(POLICY), batch)
+    torch.testing.assert_close(combined.total, 0.8 * parts["sigmoid"] + 0.2 * parts["sft"])
+    torch.testing.assert_close(parts["sft"], torch.tensor(CHOSEN_NLL))  # the SFT term is the chosen NLL
+    unweighted = DPOObjective(beta=B, loss_type=["sigmoid", "sft"])(BigramLM(POLICY), batch)
+    torch.testing.assert_close(unweighted.total, parts["sigmoid"] + parts["sft"])
+    with pytest.raises(ValueError, match="1 loss_weights for 2 loss types"):
+        DPOObjective(beta=B, loss_type=["sigmoid", "sft"], loss_weights=[1.0])

@@ -13,8 +13,10 @@ recomputed as the proximal policy):
 6. metrics, and the adaptive KL coefficient moves as in the colocated loop.
 
 Metrics of a step: the actor's and critic's (`trainer.asynchronous.verl.dp_actor`), the batch's
-(`compute_data_metrics`), `staleness/*` (`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1
-KL to the reference per sequence) and `kl/coef` (the reward's KL coefficient, PPO).
+(`compute_data_metrics`; for GRPO also `episode/dropped_groups`, `episode/truncated_fraction` and
+`episode/overlong_penalty`, `trainer.online.loop.grpo_metrics`), `staleness/*`
+(`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1 KL to the reference per sequence) and
+`kl/coef` (the reward's KL coefficient, PPO).
 
 A checkpoint holds, besides both roles' models and optimizers, the loop state the `Trainer` needs
 for exactly-once experience: `buffer_position` (the last buffer batch consumed) and the count of
@@ -44,7 +46,7 @@ from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
 from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from trainer.asynchronous.weights import weights_dir
 from trainer.checkpointing.checkpoint import CheckpointManager
-from trainer.config import OnlineStageConfig, PPOConfig
+from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig
 from trainer.errors import CheckpointError, ConfigError
 from trainer.lifecycle.context import (
     build_context,
@@ -55,7 +57,7 @@ from trainer.lifecycle.context import (
     seed_everything,
 )
 from trainer.online.experience import Experience
-from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages
+from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages, grpo_metrics
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -179,6 +181,8 @@ class TorchTrainEngine(TrainEngineWrapper):
             metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
         metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
         metrics |= weight_metrics | compute_data_metrics(data, config.generation.max_new_tokens)
+        if isinstance(config, GRPOConfig):  # dynamic sampling, truncated responses, overlong penalty
+            metrics |= grpo_metrics(data.batch.info)
         metrics |= self._update_kl_coef(data.batch)
         self.last_metrics = metrics
         self.samples = decode_samples(self.context.tokenizer, data.batch, SAMPLES_KEPT)

@@ -1,0 +1,84 @@
+"""rlhf-kto: SFT -> KTO on unpaired feedback -> evaluate against the SFT model -> register only if KTO is better.
+
+KTO has its own pipeline rather than a stage parameter of rlhf-dpo: it reads other data (unpaired
+rows with a label, not pairs) and has its own knobs (the desirable and undesirable weights); see
+the README's "Preference stages".
+"""
+
+from kfp import dsl
+
+from components.kto.component import train_kto
+from pipelines.options import as_stage
+from pipelines.steps import cluster_arguments, sft_then_align
+
+
+@dsl.pipeline(name="rlhf-kto", description="SFT, then KTO on unpaired feedback, evaluated against SFT, registered if better.")
+def rlhf_kto(
+    base_model_uri: str,
+    sft_train_uri: str,
+    unpaired_train_uri: str,
+    eval_prompts_uri: str,
+    reward_function: str,
+    sft_eval_uri: str = "",
+    unpaired_eval_uri: str = "",
+    dataset_sha256: dict = {},
+    launcher_mode: str = "kubernetes",
+    trainer_image: str = "",
+    num_nodes: int = 1,
+    gpus_per_node: int = 1,
+    s3_secret: str = "",
+    scheduling: dict = {},
+    sft_lr: float = 2e-5,
+    sft_epochs: int = 2,
+    sft_settings: dict = {},
+    kto_lr: float = 1e-6,
+    kto_epochs: int = 1,
+    kto_beta: float = 0.1,
+    kto_desirable_weight: float = 1.0,
+    kto_undesirable_weight: float = 1.0,
+    kto_settings: dict = {},
+    max_new_tokens: int = 256,
+    registered_model_name: str = "alignflow-kto",
+):
+    """SFT, then KTO on unpaired feedback, evaluated against the SFT model and registered if better.
+
+    Args:
+        base_model_uri: The base HF model (local, s3:// or minio://); SFT starts here.
+        sft_train_uri: SFT rows (messages, or prompt/completion) as JSONL or Parquet.
+        unpaired_train_uri: Unpaired feedback rows (prompt, completion, label true/false) that KTO trains on.
+        eval_prompts_uri: Held-out prompt rows with answers, on which the candidate and SFT are compared.
+        reward_function: Registered reward function that scores the held-out answers (the gate's judge).
+        sft_eval_uri: Held-out SFT rows; empty skips SFT's evaluation.
+        unpaired_eval_uri: Held-out unpaired feedback rows; empty skips KTO's evaluation.
+        dataset_sha256: Expected SHA-256 of each dataset by name (e.g. {"unpaired_train": "..."}); a mismatch stops
+            the run before training.
+        launcher_mode: `kubernetes` runs each stage as a PyTorchJob; `local` runs its processes on this machine.
+        trainer_image: Image of the training jobs; empty uses the platform's trainer image.
+        num_nodes: Nodes per training job.
+        gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
+        s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the jobs.
+        scheduling: Overrides of the platform's scheduling defaults for every job's pods (components/launcher/scheduling.py).
+        sft_lr: SFT's peak learning rate.
+        sft_epochs: SFT's passes over its data.
+        sft_settings: Any other SFT config fields, as {"dotted.key": value}.
+        kto_lr: KTO's peak learning rate.
+        kto_epochs: KTO's passes over its data.
+        kto_beta: KTO's beta, the strength of the pull towards the SFT model (the reference).
+        kto_desirable_weight: lambda_D, the weight of a desirable row's loss.
+        kto_undesirable_weight: lambda_U, the weight of an undesirable row's loss.
+        kto_settings: Any other KTO config fields, as {"dotted.key": value} (e.g. {"kto.loss_type": "apo_zero_unpaired"}).
+        max_new_tokens: Longest answer the evaluation generates.
+        registered_model_name: MLflow registered model the gate registers a better candidate under.
+    """
+    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, unpaired_train_uri=unpaired_train_uri,
+                    unpaired_eval_uri=unpaired_eval_uri, eval_prompts_uri=eval_prompts_uri)
+    cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
+
+    def kto(sft, inputs, stage):
+        return as_stage(train_kto(base_model=sft.outputs["model"], train_dataset=inputs.outputs["unpaired_train"],
+                                  eval_dataset=inputs.outputs["unpaired_eval"], lr=kto_lr, max_epochs=kto_epochs,
+                                  beta=kto_beta, desirable_weight=kto_desirable_weight,
+                                  undesirable_weight=kto_undesirable_weight, settings=kto_settings, **stage))
+
+    sft_then_align("rlhf-kto", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
+                   (sft_lr, sft_epochs, sft_settings), kto, reward_function, max_new_tokens, registered_model_name)
