@@ -21,6 +21,7 @@ def evaluate_model(
     reward_function: str = "",
     max_new_tokens: int = 256,
     launcher_mode: str = "kubernetes",
+    rollout_engine: str = "hf",
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -53,6 +54,8 @@ def evaluate_model(
         reward_function: Registered reward function name, called as f(prompt, completion, answer) -> float.
         max_new_tokens: Longest response in tokens.
         launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
+        rollout_engine: What samples the answers: `hf` (Hugging Face `generate`) or `vllm` (each model loaded into
+            vLLM's engine; runs the trainer image's vLLM variant).
         trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image.
         num_nodes: Nodes (Master plus Workers).
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

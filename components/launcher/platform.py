@@ -5,6 +5,7 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | variable | meaning |
 |---|---|
 | `ALIGNFLOW_TRAINER_IMAGE` | trainer image when the component is not given one |
+| `ALIGNFLOW_TRAINER_VLLM_IMAGE` | the same for a stage whose `rollout.engine` is `vllm` (the image's vLLM variant) |
 | `ALIGNFLOW_S3_SECRET` | Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when the component names none |
 | `AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION` | passed to the job as plain environment |
 | `MLFLOW_TRACKING_URI` | passed to the job without any `user:password@` it carries |
@@ -66,6 +67,7 @@ class PlatformDefaults:
     """What the platform's environment says; empty values mean "not configured"."""
 
     trainer_image: str = ""
+    trainer_vllm_image: str = ""
     s3_secret: str = ""
     mlflow_secret: str = ""
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -88,7 +90,7 @@ class PlatformDefaults:
         """Read the variables above from `environ` (default: this process). Raises LaunchError on bad JSON."""
         environ = os.environ if environ is None else environ
         value = {name: environ.get(name, "").strip() for name in (
-            "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_GPU_RESOURCE",
+            "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_GPU_RESOURCE",
             "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT")}
         job_env = {name: environ[name].strip() for name in JOB_ENV_NAMES if environ.get(name, "").strip()}
         if "ALIGNFLOW_S3_RETRY_SECONDS" in job_env:
@@ -100,7 +102,8 @@ class PlatformDefaults:
                                   "names no Secret to pass it through; put MLFLOW_TRACKING_USERNAME and "
                                   "MLFLOW_TRACKING_PASSWORD in a Secret and name it in ALIGNFLOW_MLFLOW_SECRET")
             job_env["MLFLOW_TRACKING_URI"] = uri
-        return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
+        return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"],
+                   trainer_vllm_image=value["ALIGNFLOW_TRAINER_VLLM_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
                    mlflow_secret=value["ALIGNFLOW_MLFLOW_SECRET"],
                    node_selector=_json_value(environ, "ALIGNFLOW_NODE_SELECTOR", dict),
                    tolerations=_json_value(environ, "ALIGNFLOW_TOLERATIONS", list),

@@ -49,4 +49,5 @@ from trainer.config.stages import (  # noqa: F401
     SFTConfig,
     StageConfig,
     SupervisedStageConfig,
+    VLLMConfig,
 )

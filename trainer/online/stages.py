@@ -119,6 +119,7 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         the trained actor and, for PPO, the critic.
     """
     context = build_context(config)
+    trainer = None
     try:
         trainer = build_online_trainer(config, context, stop_after_episodes)
         eval_rows = None
@@ -142,5 +143,7 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         finish_stage(context, exports, metrics, trainer.global_step, samples=trainer.samples)
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
+        if trainer is not None:
+            trainer.engine.close()  # a vLLM engine's memory and threads (`hf` holds nothing)
         close_context(context)
 
