@@ -17,14 +17,17 @@ The engine runs inside the trainer's process (vLLM's single-process mode: `VLLM_
   through `collective_rpc` with a `weights_iterator`: vLLM's model loader runs again on them, including
   the post-load processing (the CPU build repacks linear weights for its oneDNN kernels, which is why the
   model's plain `load_weights` does not work there). In single-process mode the iterator is a Python
-  object handed over, never pickled.
+  object handed over, never pickled. The prefix cache is reset after each sync.
 - **Memory.** `rollout.vllm`: `gpu_memory_utilization`, `max_model_len`, `max_num_seqs`, and
   `sleep_between_rollouts` (vLLM's sleep mode, level 1: weights to host memory and KV cache freed after
   each rollout, woken at the next sync or rollout), refused on a platform without it (the CPU). On the CPU
-  the KV cache is `cpu_kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE).
-- **Threads (CPU).** vLLM's CPU worker binds OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND`); in a
-  process that also trains, and on a machine shared with other work, that pins the trainer too, so the
-  engine is started with `nobind` unless the environment sets it.
+  the KV cache is `cpu_kv_cache_gib` (`kv_cache_memory_bytes`; `gpu_memory_utilization` would reserve that
+  fraction of the host's memory there).
+- **Threads (CPU).** In single-process mode vLLM binds no OpenMP threads to cores (its binding,
+  `VLLM_CPU_OMP_THREADS_BIND`, is done for worker processes), but its CPU worker replaces
+  `torch.set_num_threads` with a no-op for the whole process, which would freeze the trainer's thread
+  settings: the real function is put back once the engine has started. The engine samples with the
+  process's threads (`train.num_threads`) or `rollout.num_threads` where set, as `hf` does.
 
 One engine per process, tensor parallel size 1: under torchrun every rank samples its own rows with its own
 engine, as with `hf`.
@@ -32,9 +35,11 @@ engine, as with `hf`.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,17 +48,15 @@ from torch import Tensor, nn
 from trainer.config import GenerationConfig, RolloutConfig
 from trainer.errors import ConfigError
 from trainer.modeling.checkpoint_keys import to_checkpoint_names
-from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses
+from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads
 from trainer.online.weight_stream import checkpoint_weights
 from trainer.parallel.booster import unwrap_model
 
 logger = logging.getLogger(__name__)
 
-# vLLM reads these when its engine starts; setdefault keeps what the user or the image set.
-ENGINE_ENVIRONMENT = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: no pickling, tensors handed over
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # do not pin the (shared) process's OpenMP threads to cores
-}
+# vLLM reads this when its engine starts: the engine core in this process (no pickling, tensors handed over).
+ENGINE_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+GIB = 1 << 30
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -63,23 +66,59 @@ def resolve_dtype(dtype: str) -> str:
     return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 
 
+def is_eager(enforce_eager: bool | None) -> bool:
+    """`rollout.vllm.enforce_eager`, null resolved: eager on the CPU, where compiling costs more than it saves."""
+    if enforce_eager is not None:
+        return enforce_eager
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def check_head_size(model_dir: str) -> None:
+    """ConfigError when vLLM's CPU attention cannot run the model (it takes head sizes 32, 64, 80, ...; an
+    unsupported one would fail deep inside the first rollout)."""
+    import json
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size not in supported:
+        raise ConfigError(f"rollout.engine: vllm: vLLM's CPU attention supports head sizes "
+                          f"{', '.join(map(str, supported))}; {model_dir} has {head_size} (hidden_size / "
+                          "num_attention_heads); sample it with `hf`, or on a GPU")
+
+
 def start_engine(model_dir: str, config: RolloutConfig, seed: int) -> Any:
     """vLLM's `LLM` on `model_dir`'s config and weights, in this process, with the `rollout.vllm` settings."""
     options = config.vllm
     for name, value in ENGINE_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{options.cpu_kv_cache_gib:g}")
+        os.environ[name] = value
     from vllm import LLM
     from vllm.platforms import current_platform
 
     if options.sleep_between_rollouts and not current_platform.is_sleep_mode_available():
         raise ConfigError(f"rollout.vllm.sleep_between_rollouts is true but vLLM's {current_platform.device_type} "
                           "platform has no sleep mode; set it to false")
-    return LLM(model=model_dir, skip_tokenizer_init=True, dtype=resolve_dtype(options.dtype), seed=seed,
-               max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
-               gpu_memory_utilization=options.gpu_memory_utilization, enforce_eager=options.enforce_eager,
-               enable_sleep_mode=options.sleep_between_rollouts, distributed_executor_backend="uni",
-               enable_chunked_prefill=False, logprobs_mode="raw_logprobs", max_logprobs=0)
+    if current_platform.is_cpu():
+        check_head_size(model_dir)
+    # On the CPU, gpu_memory_utilization would reserve that fraction of the host's memory: size the KV cache instead.
+    memory = ({"kv_cache_memory_bytes": int(options.cpu_kv_cache_gib * GIB)} if current_platform.is_cpu()
+              else {"gpu_memory_utilization": options.gpu_memory_utilization})
+    # The CPU worker replaces torch.set_num_threads with a no-op for the whole process; the trainer shares the
+    # process and sets its threads (`train.num_threads`, `rollout.num_threads`), so the real one is put back.
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        return LLM(model=model_dir, skip_tokenizer_init=True, dtype=resolve_dtype(options.dtype), seed=seed,
+                   max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
+                   enforce_eager=is_eager(options.enforce_eager), enable_sleep_mode=options.sleep_between_rollouts,
+                   distributed_executor_backend="uni", enable_chunked_prefill=False, logprobs_mode="raw_logprobs",
+                   max_logprobs=0, **memory)
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
 
 
 def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> list[tuple[list[int], int]]:
@@ -130,7 +169,10 @@ class VLLMEngine(RolloutEngine):
         self.policy = policy
         self.lora_scale = setup.lora_scale
         self.sleeps = config.vllm.sleep_between_rollouts
+        self.num_threads = config.num_threads
         self.is_asleep = False
+        # vLLM sets up torch.distributed (a group of one) unless the trainer already has; close() undoes its own.
+        self.owns_process_group = not torch.distributed.is_initialized()
         self.llm = start_engine(str(cached_copy(setup.model_path)), config, setup.seed)
 
     @torch.no_grad()
@@ -143,7 +185,8 @@ class VLLMEngine(RolloutEngine):
         seeds = torch.randint(0, 2**31 - 1, (len(groups),)).tolist()  # from the run's seeded, checkpointed generator
         prompts = [TokensPrompt(prompt_token_ids=tokens) for tokens, _ in groups]
         params = [sampling_params(options, stop_token_ids, count, seed) for (_, count), seed in zip(groups, seeds)]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
         completions = [completion for output in outputs for completion in output.outputs]  # rows, in order
         self.fall_asleep()
         ids = right_pad([list(c.token_ids) for c in completions], pad_token_id, torch.long)  # (B, R)
@@ -164,6 +207,7 @@ class VLLMEngine(RolloutEngine):
         """Reload the engine's model from `weights` ((checkpoint name, tensor) pairs), repacked as vLLM loads them."""
         self.wake_up()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
     def wake_up(self) -> None:
         if self.is_asleep:
@@ -177,8 +221,16 @@ class VLLMEngine(RolloutEngine):
             self.is_asleep = True
 
     def close(self) -> None:
-        """Shut the engine down and free its memory (the next engine in this process starts clean)."""
+        """Shut the engine down and free its memory, so that another engine can start in this process (the
+        evaluation samples each model with its own); the trainer's own process group is left alone."""
         llm, self.llm = self.llm, None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
+        if llm is None:
+            return
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        destroy_model_parallel()
+        if self.owns_process_group:
+            destroy_distributed_environment()
+        gc.collect()
