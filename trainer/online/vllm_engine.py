@@ -224,13 +224,35 @@ class VLLMEngine(RolloutEngine):
         """Shut the engine down and free its memory, so that another engine can start in this process (the
         evaluation samples each model with its own); the trainer's own process group is left alone."""
         llm, self.llm = self.llm, None
-        if llm is None:
-            return
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        if llm is not None:
+            shut_down(llm, self.owns_process_group)
+            del llm
+            gc.collect()
 
+
+def shut_down(llm: Any, owns_process_group: bool) -> None:
+    """Shut `llm`'s in-process engine down and undo vLLM's distributed state.
+
+    vLLM's engine-core shutdown tears torch.distributed down as if it had set it up; under torchrun the
+    trainer did, and still needs it (the next model's evaluation, the end-of-run collectives). There its
+    teardown is narrowed to vLLM's own groups (its model-parallel groups and its world group).
+    """
+    import vllm.distributed.parallel_state as parallel_state
+    import vllm.v1.engine.core as engine_core
+
+    if owns_process_group:
         llm.llm_engine.engine_core.shutdown()
-        del llm
-        destroy_model_parallel()
-        if self.owns_process_group:
-            destroy_distributed_environment()
-        gc.collect()
+        return
+
+    def release_vllm_groups(*args: Any, **kwargs: Any) -> None:
+        parallel_state.destroy_model_parallel()
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+            parallel_state._WORLD = None
+
+    cleanup = engine_core.cleanup_dist_env_and_memory
+    engine_core.cleanup_dist_env_and_memory = release_vllm_groups
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    finally:
+        engine_core.cleanup_dist_env_and_memory = cleanup
