@@ -194,3 +194,34 @@ def test_a_lora_actor_syncs_its_merged_weights(vllm_start_model, task_files, tmp
 
     assert torch.equal(synced_ids, fresh_ids) and (synced_logps - fresh_logps).abs().max() < LOGP_TOLERANCE
     assert not torch.equal(base_ids, synced_ids)  # the adapter changed the answers
+
+
+def test_fsdp2_sharded_actors_sync_into_each_ranks_engine(vllm_start_model, task_files, tmp_path):
+    """2 gloo ranks, each with its own engine; the actor is sharded (FSDP2) and gathered tensor by tensor per sync."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.services import free_port
+
+    tokenizer = load_tokenizer(str(vllm_start_model))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(eval_prompts(task_files, tokenizer)))
+    driver = Path(__file__).with_name("fsdp2_sync_driver.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(driver), str(vllm_start_model), str(prompts), str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    fresh = build_rollout_engine(RolloutConfig(engine="vllm"), None, EngineSetup(str(tmp_path / "updated")))
+    try:
+        fresh_ids, fresh_logps = answers_of(fresh, tokenizer, eval_prompts(task_files, tokenizer))
+    finally:
+        fresh.close()
+
+    for rank in ranks:
+        assert torch.equal(torch.tensor(rank["after"]["ids"]), fresh_ids)
+        assert (torch.tensor(rank["after"]["logps"]) - fresh_logps).abs().max() < LOGP_TOLERANCE
+        assert rank["before"]["ids"] != rank["after"]["ids"]  # the update moved the answers
