@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,9 @@ class VLLMEngine(RolloutEngine):
         self.is_asleep = False
         # vLLM sets up torch.distributed (a group of one) unless the trainer already has; close() undoes its own.
         self.owns_process_group = not torch.distributed.is_initialized()
+        started = time.perf_counter()
         self.llm = start_engine(str(cached_copy(setup.model_path)), config, setup.seed)
+        logger.info("vLLM engine started on %s in %.1f s", setup.model_path, time.perf_counter() - started)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, options: GenerationConfig, *,
