@@ -332,8 +332,9 @@ def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_
     name = f"{run_index:03d}-{system}-{stage}"
     spec = {"system": system, "stage": stage, "files": {k: str(v) for k, v in files.items()},
             "output_dir": str(work_dir / "runs" / name), "result": str(work_dir / f"{name}.result.json"),
-            "max_steps": max_steps, "overrides": [*overrides, *(["train.num_threads=null"] * user_defaults)],
-            "user_defaults": user_defaults}
+            "max_steps": max_steps, "user_defaults": user_defaults,
+            # A user's defaults: alignflow's threads and MLflow tracking (TRL's `report_to` defaults to none).
+            "overrides": [*overrides, *(["train.num_threads=null", 'tracking.backend="mlflow"'] * user_defaults)]}
     spec_path = work_dir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     threads = str(NUM_THREADS)
@@ -341,8 +342,9 @@ def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_DISABLED": "true"}
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY") if user_defaults else ():
-        env.pop(name)  # each system's own thread count and OpenMP's default (spinning) wait, as a user runs them
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY") if user_defaults else ():
+        env.pop(variable)  # each system's own thread count and OpenMP's default (spinning) wait, as a user runs them
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{work_dir / 'mlflow.db'}")  # where user-default tracking logs
     started = time.perf_counter()
     completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)],
                                env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -438,8 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: one epoch of the workload.")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                         help="Override an alignflow config key in every alignflow run, e.g. train.group_by_length=false.")
-    parser.add_argument("--user-defaults", action="store_true", help="No thread settings: each system's own "
-                        "thread count and OpenMP's default wait policy (spinning), as a user would run them.")
+    parser.add_argument("--user-defaults", action="store_true", help="Each system as a user runs it: its own thread "
+                        "count, OpenMP's default (spinning) wait, alignflow's MLflow tracking on (TRL reports nowhere).")
     parser.add_argument("--json", type=Path, help="Also write every run's figures and the summary here.")
     parser.add_argument("--keep", type=Path, help="Write the workload and runs here and keep them.")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
