@@ -225,3 +225,24 @@ def test_fsdp2_sharded_actors_sync_into_each_ranks_engine(vllm_start_model, task
         assert torch.equal(torch.tensor(rank["after"]["ids"]), fresh_ids)
         assert (torch.tensor(rank["after"]["logps"]) - fresh_logps).abs().max() < LOGP_TOLERANCE
         assert rank["before"]["ids"] != rank["after"]["ids"]  # the update moved the answers
+
+
+def test_starting_an_engine_leaves_the_runs_generators_and_threads_alone(vllm_start_model):
+    """vLLM's CPU worker reseeds the process's generators and turns torch.set_num_threads into a no-op; the
+    trainer shares the process (its generators are seeded per rank and checkpointed)."""
+    import random
+
+    torch.manual_seed(123)
+    random.seed(123)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(123)
+    random.seed(123)
+    threads = torch.get_num_threads()
+    engine = build_rollout_engine(RolloutConfig(engine="vllm"), None, EngineSetup(str(vllm_start_model)))
+    try:
+        assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+        engine.close()

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trainer.checkpointing.rng_state import capture_rng_state, restore_rng_state
 from trainer.config import GenerationConfig, RolloutConfig
 from trainer.errors import ConfigError
 from trainer.modeling.checkpoint_keys import to_checkpoint_names
@@ -110,7 +111,10 @@ def start_engine(model_dir: str, config: RolloutConfig, seed: int) -> Any:
               else {"gpu_memory_utilization": options.gpu_memory_utilization})
     # The CPU worker replaces torch.set_num_threads with a no-op for the whole process; the trainer shares the
     # process and sets its threads (`train.num_threads`, `rollout.num_threads`), so the real one is put back.
+    # The worker also reseeds Python's, numpy's and torch's generators, which are the run's (seeded per rank,
+    # checkpointed): their state is put back too.
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+    generators = capture_rng_state()
     try:
         return LLM(model=model_dir, skip_tokenizer_init=True, dtype=resolve_dtype(options.dtype), seed=seed,
                    max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
@@ -120,6 +124,7 @@ def start_engine(model_dir: str, config: RolloutConfig, seed: int) -> Any:
     finally:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(num_threads)
+        restore_rng_state(generators)
 
 
 def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> list[tuple[list[int], int]]:
