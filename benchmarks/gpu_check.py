@@ -9,7 +9,9 @@ What runs is alignflow's own path: `FSDP2Plugin` shards every decoder layer and 
 NCCL group (world size = visible GPUs; one GPU is a group of one), `Booster` autocasts to bf16 with
 fp32 master weights, `SFTObjective` + `train_step` take each optimizer step (fused AdamW from
 `build_optimizer`), then rank 0 copies the trained weights into a bf16 copy through
-`HFGenerateEngine.load_weights` (the rollout engine's weight sync) and decodes greedily with it.
+`HFGenerateEngine.load_weights` (the rollout engine's weight sync) and decodes greedily with it; where vLLM
+is installed (the trainer image's `vllm` variant) and one GPU runs, the same decode with `rollout.engine:
+vllm` follows: its start, the weight push (`reload_weights`) and its decode tokens/s.
 
 The model is random-initialised with the shape of TinyLlama-1.1B (22 layers x 2048 hidden, MLP 5632,
 32 heads, 4 KV heads, vocabulary 32000: 1.1 B parameters) on random tokens: speed does not depend on
@@ -175,11 +177,52 @@ def decode(args: argparse.Namespace, trained: dict, env, device) -> dict[str, fl
                     **kwargs)  # warm-up: kernels, allocator
     synchronize(device)
     started = time.perf_counter()
-    responses = engine.generate(prompts, torch.ones_like(prompts), options, **kwargs)  # (B, R)
+    responses = engine.generate(prompts, torch.ones_like(prompts), options, **kwargs).ids  # (B, R)
     synchronize(device)
     seconds = time.perf_counter() - started
-    return {"decode_tokens_per_second": responses.numel() / seconds, "decode_steps": responses.shape[1],
-            "weight_sync_seconds": sync_seconds}
+    decoded = {"decode_tokens_per_second": responses.numel() / seconds, "decode_steps": responses.shape[1],
+               "weight_sync_seconds": sync_seconds}
+    if can_run_vllm(args, env):
+        decoded |= decode_with_vllm(args, state, trained["shape"], prompts, options, device)
+    return decoded
+
+
+def can_run_vllm(args: argparse.Namespace, env) -> bool:
+    """vLLM's engine joins the process's group (every rank would have to start one): one GPU, vLLM installed."""
+    from importlib.util import find_spec
+
+    return not args.dry_run and env.world_size == 1 and find_spec("vllm") is not None
+
+
+def decode_with_vllm(args: argparse.Namespace, state: dict, shape: dict, prompts, options, device) -> dict[str, float]:
+    """The same greedy decode with `rollout.engine: vllm` (bf16): start, weight push (`load_weights`), tokens/s."""
+    import tempfile
+
+    import torch
+
+    from trainer.config import RolloutConfig
+    from trainer.online.engines import EngineSetup, build_rollout_engine
+
+    with tempfile.TemporaryDirectory() as directory:
+        build_model(shape, torch.device("cpu"), torch.bfloat16).save_pretrained(directory)  # config, initial weights
+        started = time.perf_counter()
+        engine = build_rollout_engine(RolloutConfig(engine="vllm", vllm={"dtype": "bfloat16"}), None,
+                                      EngineSetup(directory))
+        start_seconds = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        engine.load_weights({name: tensor.to(device) for name, tensor in state.items()})  # the trained weights
+        sync_seconds = time.perf_counter() - started
+        mask = torch.ones_like(prompts)
+        engine.generate(prompts[:, :8], mask[:, :8], options.model_copy(update={"max_new_tokens": 4}),
+                        stop_token_ids=[], pad_token_id=0)  # warm-up
+        started = time.perf_counter()
+        responses = engine.generate(prompts, mask, options, stop_token_ids=[], pad_token_id=0).ids
+        seconds = time.perf_counter() - started
+    finally:
+        engine.close()
+    return {"vllm_decode_tokens_per_second": responses.numel() / seconds, "vllm_start_seconds": start_seconds,
+            "vllm_weight_sync_seconds": sync_seconds}
 
 
 def synchronize(device) -> None:
@@ -207,7 +250,10 @@ def summary_rows(args: argparse.Namespace, trained: dict, decoded: dict, world_s
         ("weight sync into rollout engine", f"{decoded['weight_sync_seconds']:.1f} s"),
         ("decode tokens/s (HF generate, bf16)",
          f"{decoded['decode_tokens_per_second']:.0f} ({args.decode_batch} prompts x {decoded['decode_steps']} steps)"),
-    ]
+    ] + ([("vLLM engine start", f"{decoded['vllm_start_seconds']:.1f} s"),
+          ("weight sync into vLLM (reload_weights)", f"{decoded['vllm_weight_sync_seconds']:.2f} s"),
+          ("decode tokens/s (vLLM, bf16)", f"{decoded['vllm_decode_tokens_per_second']:.0f}")]
+         if "vllm_decode_tokens_per_second" in decoded else [("vLLM", "not run (not installed, or more than 1 GPU)")])
 
 
 def main(argv: list[str] | None = None) -> int:

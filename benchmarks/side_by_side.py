@@ -1,8 +1,7 @@
 """alignflow and TRL side by side on one synthetic workload, stage by stage.
 
     python benchmarks/side_by_side.py                    # or: make benchmark (about 25 minutes on 2 cores)
-    python benchmarks/side_by_side.py --stages sft_padded,dpo_live --repeats 1
-    python benchmarks/side_by_side.py --json results.json
+    python benchmarks/side_by_side.py --stages grpo --user-defaults --json results.json
 
 The script writes the workload (a 3.2M-parameter Llama with a character tokenizer, SFT rows,
 preference pairs, GRPO prompts) into a temporary directory, then trains every stage with alignflow
@@ -296,8 +295,9 @@ def run_one(spec_path: Path) -> None:
     import torch
 
     _quiet_libraries()
-    torch.set_num_threads(NUM_THREADS)
     spec = json.loads(spec_path.read_text())
+    if not spec.get("user_defaults"):
+        torch.set_num_threads(NUM_THREADS)
     files = {key: Path(value) for key, value in spec["files"].items()}
     if spec["system"] == "alignflow":
         result = run_alignflow(spec["stage"], files, Path(spec["output_dir"]), spec["max_steps"],
@@ -327,22 +327,24 @@ def _quiet_libraries() -> None:
 
 
 def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_index: int,
-           max_steps: int | None, overrides: list[str] = ()) -> dict:
+           max_steps: int | None, overrides: list[str] = (), user_defaults: bool = False) -> dict:
     """One measured run in a fresh interpreter with 2 threads; returns its figures and its wall time."""
     name = f"{run_index:03d}-{system}-{stage}"
     spec = {"system": system, "stage": stage, "files": {k: str(v) for k, v in files.items()},
             "output_dir": str(work_dir / "runs" / name), "result": str(work_dir / f"{name}.result.json"),
-            "max_steps": max_steps, "overrides": list(overrides)}
+            "max_steps": max_steps, "user_defaults": user_defaults,
+            # A user's defaults: alignflow's threads and MLflow tracking (TRL's `report_to` defaults to none).
+            "overrides": [*overrides, *(["train.num_threads=null", 'tracking.backend="mlflow"'] * user_defaults)]}
     spec_path = work_dir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     threads = str(NUM_THREADS)
-    # PASSIVE: an OpenMP thread that waits sleeps instead of spinning. On a machine whose cores other work
-    # also uses, spinning threads wait for each other's time slices and 2 threads ran 10x slower than 1;
-    # passive waiting costs nothing measurable when the cores are free. Both systems get the same setting.
+    # PASSIVE: a waiting OpenMP thread sleeps instead of spinning (2 spinning threads ran 10x slower on busy cores).
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
-           "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "CUDA_VISIBLE_DEVICES": "", "WANDB_DISABLED": "true"}
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_DISABLED": "true"}
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY") if user_defaults else ():
+        env.pop(variable)  # each system's own thread count and OpenMP's default (spinning) wait, as a user runs them
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{work_dir / 'mlflow.db'}")  # where user-default tracking logs
     started = time.perf_counter()
     completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)],
                                env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -438,6 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: one epoch of the workload.")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                         help="Override an alignflow config key in every alignflow run, e.g. train.group_by_length=false.")
+    parser.add_argument("--user-defaults", action="store_true", help="Each system as a user runs it: its own thread "
+                        "count, OpenMP's default (spinning) wait, alignflow's MLflow tracking on (TRL reports nowhere).")
     parser.add_argument("--json", type=Path, help="Also write every run's figures and the summary here.")
     parser.add_argument("--keep", type=Path, help="Write the workload and runs here and keep them.")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
@@ -479,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
                 order = args.systems if (repeat + STAGES.index(stage)) % 2 == 0 else args.systems[::-1]
                 for system in order:
                     run_index += 1
-                    result = figures(launch(system, stage, files, work_dir, run_index, args.max_steps, args.set))
+                    result = figures(launch(system, stage, files, work_dir, run_index, args.max_steps, args.set,
+                                            args.user_defaults))
                     results[(system, stage)].append(result)
                     print(f"[{repeat + 1}/{args.repeats}] {stage:>15} {system:>9}: "
                           f"{result['tokens_per_second']:8.0f} tok/s  {result['samples_per_second']:7.1f} samples/s  "

@@ -14,7 +14,8 @@
 #                        is mounted for the install steps only and is in no layer of the image
 #   PUSH=1               push each image after building it
 #   DRY_RUN=1            print the build commands instead of running them
-#   ONLY                 build only these images (space-separated: trainer launcher mlflow)
+#   ONLY                 build only these images (space-separated: trainer launcher mlflow, and trainer-vllm: the
+#                        trainer's vLLM variant, tagged <IMAGE_TAG>-vllm, which is not built unless named here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,9 +26,10 @@ mlflow_version=$(sed -n 's/^mlflow==\([0-9.]*\)$/\1/p' constraints.txt)
 registry=${IMAGE_REGISTRY:-ghcr.io/alignflow}
 tag=${IMAGE_TAG:-latest}
 
-build_one() {  # name, image tag, base override
-  local name=$1 image=$2 base=$3 args=()
+build_one() {  # name, image tag, base override, variant
+  local name=$1 image=$2 base=$3 variant=${4:-} args=()
   [ -n "$base" ] && args+=(--build-arg "BASE_IMAGE=$base")
+  [ -n "$variant" ] && args+=(--build-arg "VARIANT=$variant")
   local command=("${build[@]}" "${args[@]}" "${secret[@]}" -f "images/$name/Dockerfile" -t "$image" .)
   if [ -n "${DRY_RUN:-}" ]; then echo "${command[*]}"; return; fi
   echo "== $name: ${command[*]}" >&2
@@ -38,8 +40,9 @@ build_one() {  # name, image tag, base override
 for name in ${ONLY:-trainer launcher mlflow}; do
   case "$name" in
     trainer) build_one trainer "$registry/trainer:$tag" "${TRAINER_BASE_IMAGE:-${BASE_IMAGE:-}}" ;;
+    trainer-vllm) build_one trainer "$registry/trainer:$tag-vllm" "${TRAINER_BASE_IMAGE:-${BASE_IMAGE:-}}" vllm ;;
     launcher) build_one launcher "$registry/launcher:$tag" "${LAUNCHER_BASE_IMAGE:-${BASE_IMAGE:-}}" ;;
     mlflow) build_one mlflow "$registry/mlflow:$mlflow_version" "${MLFLOW_BASE_IMAGE:-${BASE_IMAGE:-}}" ;;
-    *) echo "images: ONLY names '$name'; expected trainer, launcher or mlflow" >&2; exit 2 ;;
+    *) echo "images: ONLY names '$name'; expected trainer, trainer-vllm, launcher or mlflow" >&2; exit 2 ;;
   esac
 done

@@ -8,7 +8,8 @@ hyper-parameters that suit a 2-layer model on a CPU.
 `tiny` is tuned so that every pipeline's candidate beats its SFT baseline on the held-out prompts
 (greedy accuracy, checked by the task) and the registration gate opens; `tiny-reward-hacking`
 (rlhf-ppo only) is the same run with PPO's KL penalty removed and a 4x learning rate, so PPO
-over-optimises its reward model and the gate stays closed. `benchmarks/tiny_preset.py` reproduces
+over-optimises its reward model and the gate stays closed; `tiny-vllm` (rlhf-grpo, rlhf-ppo) samples
+with vLLM (`rollout_engine: vllm`) on a tiny model vLLM's CPU attention can run. `benchmarks/tiny_preset.py` reproduces
 the tuning (every pipeline over several seeds, in-process) and `benchmarks/tiny_preset.md` logs it.
 """
 
@@ -52,7 +53,15 @@ TINY = {
 # the reward model scores higher and the checker does not ("=7", "==7", "3" for every "a+0="): the
 # reward model's score on the held-out prompts rises, their accuracy falls, and the gate stays closed.
 TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo_lr": 2e-3}}
-PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING}
+# `tiny` sampled by vLLM (`rollout.engine: vllm` in the online stage and the evaluation; needs vLLM, e.g. the
+# environment of `make test-vllm`). vLLM's CPU attention takes head sizes that are multiples of 32, so its tiny
+# model has 2 heads of 32 where `tiny`'s has 4 of 16 (same width, layers and tokenizer; TINY_MODELS). That model
+# learns the task faster: after `tiny`'s 15 SFT epochs it already got 0.55 of the held-out sums right, and GRPO
+# had nothing left to add (0.50 after), so its SFT stops at 10 epochs.
+TINY_VLLM = {name: {**TINY[name], "rollout_engine": "vllm", "sft_epochs": 10} for name in ("rlhf-grpo", "rlhf-ppo")}
+PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING, "tiny-vllm": TINY_VLLM}
+# The tiny model each preset builds (`write_tiny_model` options), when not the default.
+TINY_MODELS = {"tiny-vllm": {"num_heads": 2}}
 
 # Which input URI parameter each file of the tiny task feeds.
 TINY_INPUTS = {"sft_train_uri": "sft_train", "sft_eval_uri": "sft_eval", "preference_train_uri": "pref_train",
@@ -60,16 +69,18 @@ TINY_INPUTS = {"sft_train_uri": "sft_train", "sft_eval_uri": "sft_eval", "prefer
                "prompts_uri": "prompts", "eval_prompts_uri": "eval_prompts"}
 
 
-def write_tiny_inputs(root: Path) -> dict[str, str]:
-    """Build the tiny model and task under `root/tiny-inputs` (once) and return the input URI parameters."""
+def write_tiny_inputs(root: Path, model_options: dict[str, Any] | None = None) -> dict[str, str]:
+    """Build the tiny model (with `model_options`, e.g. `num_heads`) and task under `root/tiny-inputs` (once)
+    and return the input URI parameters."""
     from trainer.tiny.model import write_tiny_model
     from trainer.tiny.task import write_task
 
     directory = root.resolve() / "tiny-inputs"
-    if not (directory / "model" / "config.json").is_file():
-        write_tiny_model(directory / "model")
+    model = directory / "-".join(["model", *(f"{key}{value}" for key, value in sorted((model_options or {}).items()))])
+    if not (model / "config.json").is_file():
+        write_tiny_model(model, **(model_options or {}))
     files = write_task(directory / "data")
-    return {"base_model_uri": str(directory / "model"),
+    return {"base_model_uri": str(model),
             **{parameter: str(files[name]) for parameter, name in TINY_INPUTS.items()}}
 
 
@@ -80,5 +91,5 @@ def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str])
     if pipeline not in PRESETS[preset]:
         raise PipelineError(f"--preset {preset!r} has no parameters for {pipeline!r}; "
                             f"it applies to {sorted(PRESETS[preset])}")
-    arguments = {**write_tiny_inputs(root), **PRESETS[preset][pipeline]}
+    arguments = {**write_tiny_inputs(root, TINY_MODELS.get(preset)), **PRESETS[preset][pipeline]}
     return {name: value for name, value in arguments.items() if name in accepted}

@@ -41,6 +41,7 @@ def rlhf_grpo(
     grpo_settings: dict = {},
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-grpo",
+    rollout_engine: str = "hf",
 ):
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, prompts_uri=prompts_uri,
                     eval_prompts_uri=eval_prompts_uri)
@@ -53,6 +54,6 @@ def rlhf_grpo(
         grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
                                    eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                    lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
-                                   settings=grpo_settings, **stage))
+                                   rollout_engine=rollout_engine, settings=grpo_settings, **stage))
         evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-grpo", scheduling)
+                              lineage, "rlhf-grpo", scheduling, rollout_engine=rollout_engine)

@@ -48,6 +48,7 @@ def rlhf_ppo(
     reward_function: str = "",
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-ppo",
+    rollout_engine: str = "hf",
 ):
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
                     preference_eval_uri=preference_eval_uri, prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
@@ -64,6 +65,6 @@ def rlhf_ppo(
         ppo = as_stage(train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
                                  eval_dataset=inputs.outputs["eval_prompts"], reward_model=reward_model.outputs["model"],
                                  reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
-                                 kl_coef=ppo_kl_coef, settings=ppo_settings, **stage))
+                                 kl_coef=ppo_kl_coef, rollout_engine=rollout_engine, settings=ppo_settings, **stage))
         evaluate_and_register(ppo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-ppo", scheduling, reward_model=reward_model)
+                              lineage, "rlhf-ppo", scheduling, reward_model=reward_model, rollout_engine=rollout_engine)

@@ -21,6 +21,7 @@ def evaluate_model(
     reward_function: str = "",
     max_new_tokens: int = 256,
     launcher_mode: str = "kubernetes",
+    rollout_engine: str = "hf",
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -54,6 +55,8 @@ def evaluate_model(
         max_new_tokens: Longest response in tokens.
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.
+        rollout_engine: What samples the answers: `hf` (Hugging Face `generate`) or `vllm` (each model loaded into
+            vLLM's engine; runs the trainer image's vLLM variant).
         trainer_image: Image of the training job; empty uses the platform's trainer image.
         num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

@@ -24,6 +24,7 @@ def train_grpo(
     max_length: int = 1024,
     settings: dict = {},
     launcher_mode: str = "kubernetes",
+    rollout_engine: str = "hf",
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -52,6 +53,7 @@ def train_grpo(
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.
+        rollout_engine: What samples the responses: `hf` (HF `generate` on the policy) or `vllm` (the image's vLLM variant).
         trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

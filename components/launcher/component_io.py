@@ -6,7 +6,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from components.images import PUBLISHED_TRAINER_IMAGE
+from components.images import PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE
 from components.launcher.platform import PlatformDefaults
 from components.launcher.scheduling import scheduling_overrides
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
@@ -22,8 +22,9 @@ STAGE_KEYS = {
     "kto": {"max_epochs": "train.max_epochs", "beta": "kto.beta", "loss_type": "kto.loss_type",
             "desirable_weight": "kto.desirable_weight", "undesirable_weight": "kto.undesirable_weight"},
     "orpo": {"max_epochs": "train.max_epochs", "beta": "orpo.beta"},
-    "ppo": {"num_episodes": "ppo.num_episodes", "kl_coef": "ppo.kl_coef"},
-    "grpo": {"num_episodes": "grpo.num_episodes", "num_generations": "grpo.num_generations"},
+    "ppo": {"num_episodes": "ppo.num_episodes", "kl_coef": "ppo.kl_coef", "rollout_engine": "rollout.engine"},
+    "grpo": {"num_episodes": "grpo.num_episodes", "num_generations": "grpo.num_generations",
+             "rollout_engine": "rollout.engine"},
 }
 
 
@@ -64,7 +65,8 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
 
     Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
-    components' published default, leaves the platform's value. Parameters named like a
+    components' published default, leaves the platform's value. A job that samples with vLLM
+    (`uses_vllm`) runs the trainer image's vLLM variant in its place (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like a
     `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
     component can expose any of them, and last the run's `scheduling` parameter (a JSON object of
     such fields, see `scheduling.py`). Raises LaunchError naming the ConfigMap key or the
@@ -73,7 +75,10 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     platform = PlatformDefaults.from_environment(environ)
     gpus = params["gpus_per_node"]
     image = params.get("trainer_image")
-    if not _is_given(image) or (image == PUBLISHED_TRAINER_IMAGE and platform.trainer_image):
+    if uses_vllm(params):  # the image's vLLM variant: the platform's, else the published one
+        if not _is_given(image) or image in (PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE):
+            image = platform.trainer_vllm_image or PUBLISHED_TRAINER_VLLM_IMAGE
+    elif not _is_given(image) or (image == PUBLISHED_TRAINER_IMAGE and platform.trainer_image):
         image = platform.trainer_image or PUBLISHED_TRAINER_IMAGE
     options: dict[str, Any] = {
         "mode": params["launcher_mode"], "image": image, "num_nodes": params["num_nodes"],
@@ -92,6 +97,13 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
     options.update(scheduling_overrides(params.get("scheduling")))  # the run's `scheduling` parameter wins
     return ClusterOptions(**options)
+
+
+def uses_vllm(params: dict[str, Any]) -> bool:
+    """Whether the job samples with vLLM (`rollout_engine`, or `rollout.engine` in its `settings`), so it needs
+    the trainer image's vLLM variant."""
+    engine = (params.get("settings") or {}).get("rollout.engine") or params.get("rollout_engine")
+    return engine == "vllm"
 
 
 def default_job_root(model_uri: str, run_id: str, stage: str) -> str:

@@ -5,6 +5,7 @@ The chart's defaults ConfigMap provides these variables to the component's pod; 
 | variable | meaning |
 |---|---|
 | `ALIGNFLOW_TRAINER_IMAGE` | trainer image when the component is not given one |
+| `ALIGNFLOW_TRAINER_VLLM_IMAGE` | the same for a stage whose `rollout.engine` is `vllm` (the image's vLLM variant) |
 | `ALIGNFLOW_JOB_KIND` | `trainjob`, `pytorchjob` or `auto` (default): the kind of the training jobs (job_kinds.py) |
 | `ALIGNFLOW_TRAINER_RUNTIME` | the TrainingRuntime / ClusterTrainingRuntime TrainJobs reference (default `torch-distributed`) |
 | `ALIGNFLOW_S3_SECRET` | Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when the component names none |
@@ -69,6 +70,7 @@ class PlatformDefaults:
     """What the platform's environment says; empty values mean "not configured"."""
 
     trainer_image: str = ""
+    trainer_vllm_image: str = ""
     job_kind: str = "auto"
     trainer_runtime: str = ""
     s3_secret: str = ""
@@ -93,9 +95,9 @@ class PlatformDefaults:
         """Read the variables above from `environ` (default: this process). Raises LaunchError on bad JSON."""
         environ = os.environ if environ is None else environ
         value = {name: environ.get(name, "").strip() for name in (
-            "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_GPU_RESOURCE",
-            "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_JOB_KIND",
-            "ALIGNFLOW_TRAINER_RUNTIME")}
+            "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET",
+            "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT",
+            "ALIGNFLOW_JOB_KIND", "ALIGNFLOW_TRAINER_RUNTIME")}
         job_env = {name: environ[name].strip() for name in JOB_ENV_NAMES if environ.get(name, "").strip()}
         if "ALIGNFLOW_S3_RETRY_SECONDS" in job_env:
             _check_retry_seconds(job_env["ALIGNFLOW_S3_RETRY_SECONDS"])
@@ -106,7 +108,8 @@ class PlatformDefaults:
                                   "names no Secret to pass it through; put MLFLOW_TRACKING_USERNAME and "
                                   "MLFLOW_TRACKING_PASSWORD in a Secret and name it in ALIGNFLOW_MLFLOW_SECRET")
             job_env["MLFLOW_TRACKING_URI"] = uri
-        return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
+        return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"],
+                   trainer_vllm_image=value["ALIGNFLOW_TRAINER_VLLM_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
                    job_kind=check_job_kind(value["ALIGNFLOW_JOB_KIND"]),
                    trainer_runtime=value["ALIGNFLOW_TRAINER_RUNTIME"],
                    mlflow_secret=value["ALIGNFLOW_MLFLOW_SECRET"],

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helm.chart import containers, one, pods, render
 
-KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
+KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
         "ALIGNFLOW_S3_BUCKET", "ALIGNFLOW_S3_SECRET", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI",
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
         "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
@@ -31,6 +31,7 @@ def test_defaults():
         "ALIGNFLOW_DEFAULTS_CONFIGMAP": "af-alignflow-defaults",
         "ALIGNFLOW_LAUNCHER_IMAGE": "ghcr.io/alignflow/launcher:latest",
         "ALIGNFLOW_TRAINER_IMAGE": "ghcr.io/alignflow/trainer:latest",
+        "ALIGNFLOW_TRAINER_VLLM_IMAGE": "ghcr.io/alignflow/trainer:latest-vllm",
         "ALIGNFLOW_JOB_KIND": "auto",
         "ALIGNFLOW_TRAINER_RUNTIME": "af-alignflow-torch",
         "ALIGNFLOW_SERVICE_ACCOUNT": "af-alignflow",
@@ -85,6 +86,7 @@ def test_configured_platform():
     assert set(data) == KEYS
     assert data["ALIGNFLOW_LAUNCHER_IMAGE"] == "registry.corp/ml/launcher:1.2"
     assert data["ALIGNFLOW_TRAINER_IMAGE"] == "registry.corp/ml/trainer:1.2"
+    assert data["ALIGNFLOW_TRAINER_VLLM_IMAGE"] == "registry.corp/ml/trainer:latest-vllm"
     assert data["ALIGNFLOW_SERVICE_ACCOUNT"] == "alignflow-runner"
     assert (data["ALIGNFLOW_JOB_KIND"], data["ALIGNFLOW_TRAINER_RUNTIME"]) == ("trainjob", "team-torch")
     assert (data["AWS_ENDPOINT_URL"], data["AWS_DEFAULT_REGION"]) == ("http://minio.storage:9000", "eu-west-1")

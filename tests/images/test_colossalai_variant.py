@@ -9,9 +9,14 @@ ROOT = Path(__file__).parents[2]
 PIN = re.compile(r'"?(torch|transformers|colossalai)==([\w.]+)"?')
 
 
+def variant_branch(dockerfile: str, variant: str) -> str:
+    """The Dockerfile's install branch for `VARIANT=variant`, up to the next `elif` or `else`."""
+    start = re.search(rf'(el)?if \[ "\$VARIANT" = "{variant}" \]', dockerfile).start()
+    return dockerfile[start:re.compile(r"\belif\b|\belse\b").search(dockerfile, start + 2).start()]
+
+
 def colossalai_branch(dockerfile: str) -> str:
-    start = dockerfile.index('if [ "$VARIANT" = "colossalai" ]')
-    return dockerfile[start:dockerfile.index("else", start)]
+    return variant_branch(dockerfile, "colossalai")
 
 
 def test_image_variant_and_test_venv_install_the_same_pins():

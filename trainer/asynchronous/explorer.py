@@ -15,7 +15,9 @@ nothing and skips nothing. Which weights it uses comes from the trainer's publis
 
 Each batch records the weight version that generated it and the per-token log-probs of its
 responses under those weights (`behaviour_logps`, the same untempered softmax the trainer
-computes), which the trainer needs to correct for staleness (`trainer.asynchronous.staleness`).
+computes), which the trainer needs to correct for staleness (`trainer.asynchronous.staleness`):
+the engine's own where it returns them (`vllm`, so the correction also covers the engine's
+numerical difference from the trainer), else a forward of the explorer's policy (`hf`).
 Weights come from the weights directory, or from an in-process `Synchronizer` when the explorer
 is a thread of the trainer's process. Responses are sampled through the stage's rollout engine
 (`rollout.engine`, `trainer.online.engines`), which is synced to each newly loaded version.
@@ -37,7 +39,7 @@ from trainer.data.dataset import load_rows
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
-from trainer.online.engines import build_rollout_engine
+from trainer.online.engines import build_rollout_engine, engine_setup
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
 from trainer.online.reward_sources import build_scorer
@@ -68,7 +70,7 @@ class Explorer:
         self.device = pick_device(read_distributed_env())
         self.tokenizer = load_tokenizer(config.model.path)
         self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
-        self.engine = build_rollout_engine(config.rollout, self.policy)
+        self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
         self.version = -1
         self.scorer = build_scorer(config, self.device)
         self.rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
@@ -109,7 +111,9 @@ class Explorer:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
         rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
-        behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
+        behaviour_logps = rollout.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
+        if behaviour_logps is None:
+            behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
         return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
                           behaviour_logps=behaviour_logps.cpu(), version=self.version)
 

@@ -100,7 +100,10 @@ def run_explorer(config: OnlineStageConfig, num_batches: int | None = None) -> i
         except Exception as err:
             buffer.fail(f"{type(err).__name__}: {one_line(err)}")
             raise
-        return explorer.run(num_batches)
+        try:
+            return explorer.run(num_batches)
+        finally:
+            explorer.engine.close()  # a vLLM engine's memory and threads
     finally:
         preemption.uninstall()
         lease.release()

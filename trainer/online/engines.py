@@ -1,11 +1,12 @@
 """Rollout engines: what samples the responses of the online stages, behind one small interface.
 
-`RolloutEngine.generate` turns a batch of left-padded prompts into sampled response tokens;
-`load_weights` takes the policy's state dict, and `sync_from` brings the engine up to the trained
-actor after its updates. The colocated loop (`trainer.online.loop`), its evaluation and the
-asynchronous explorer (`trainer.asynchronous.explorer`) all sample through it; what happens to the
-tokens afterwards (stop tokens, masks, decoding, scoring) is `trainer.online.rollout`, the same for
-every engine.
+`RolloutEngine.generate` turns a batch of left-padded prompts into sampled response tokens (and,
+where the engine computes them, each sampled token's log-prob); `load_weights` takes the policy's
+state dict, `sync_from` brings the engine up to the trained actor after its updates, and `close`
+frees what the engine holds. The colocated loop (`trainer.online.loop`), its evaluation,
+`python -m trainer evaluate` and the asynchronous explorer (`trainer.asynchronous.explorer`) all
+sample through it; what happens to the tokens afterwards (stop tokens, masks, decoding, scoring) is
+`trainer.online.rollout`, the same for every engine.
 
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
@@ -14,15 +15,11 @@ decode steps are too small to split across threads). An FSDP2-sharded policy's f
 its layers (a collective), so it samples with `synced_gpus=True`: a rank whose responses all ended
 keeps running forwards until every rank's have, and all ranks make the same number of calls.
 
-Where a faster engine plugs in (vLLM or SGLang, on GPU images; not implemented here): a subclass of
-`RolloutEngine` whose `generate` hands the prompt ids to the engine (vLLM: `LLM.generate` with
-`TokensPrompt`s and `SamplingParams(temperature, top_p, top_k, max_tokens, stop_token_ids)`) and
-right-pads the returned token ids into (B, R), and whose `load_weights` pushes the actor's state
-dict into the engine's model (vLLM: the worker model's `load_weights(state.items())`; SGLang:
-`update_weights_from_tensor`). Those read checkpoint names, which are not always the module's
-(GPT-NeoX's head is `embed_out` there): rename with `trainer.modeling.checkpoint_keys.to_checkpoint_names`
-first, as `save_pretrained` does. Register it in `ROLLOUT_ENGINES` and add its name to
-`RolloutConfig.engine`'s choices.
+`vllm` (`trainer.online.vllm_engine`) keeps its own copy of the weights in vLLM's offline engine and
+returns vLLM's per-token log-probs; it is imported only when asked for, so nothing here needs vLLM.
+An engine that keeps its own weights is built from an `EngineSetup` (where the initial weights are,
+the seed, the LoRA scale to merge adapters with). Another engine (SGLang) is a third subclass,
+registered in `ROLLOUT_ENGINES` and added to `RolloutConfig.engine`'s choices.
 """
 
 from __future__ import annotations
@@ -30,12 +27,50 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from trainer.config import GenerationConfig, RolloutConfig
+from trainer.config import GenerationConfig, OnlineStageConfig, RolloutConfig
 from trainer.parallel.booster import unwrap_model
+
+
+@dataclass(slots=True)
+class SampledResponses:
+    """One batch of sampled responses.
+
+    Attributes:
+        ids: (B, R) response token ids, R the longest response, right-padded; what follows a row's
+            first stop token is ignored by the caller.
+        logps: (B, R) the engine's log-probability of each sampled token under the untempered
+            softmax (as `trainer.algorithms.ppo.response_logps` computes it), 0 on padding; None when
+            the engine does not compute them (`hf`).
+    """
+
+    ids: Tensor
+    logps: Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    """What an engine with its own copy of the weights needs besides the policy module.
+
+    Attributes:
+        model_path: The model directory (local or URI) whose config, and initial weights, the engine loads.
+        seed: The engine's own seed (sampling is seeded per request from torch's generator, see `vllm_engine`).
+        lora_scale: alpha / r when the policy carries LoRA adapters, which are merged into the weights it sends.
+    """
+
+    model_path: str
+    seed: int = 0
+    lora_scale: float | None = None
+
+
+def engine_setup(config: OnlineStageConfig) -> EngineSetup:
+    """The setup of an online stage's engine: the actor's starting weights, the run's seed, its LoRA scale."""
+    lora = config.model.lora
+    return EngineSetup(config.model.path, config.train.seed, lora.alpha / lora.r if lora else None)
 
 
 class RolloutEngine(ABC):
@@ -43,18 +78,18 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, options: GenerationConfig, *,
-                 stop_token_ids: list[int], pad_token_id: int) -> Tensor:
+                 stop_token_ids: list[int], pad_token_id: int) -> SampledResponses:
         """Sample one response per prompt.
 
         Args:
-            prompt_ids, prompt_mask: (B, P) left-padded prompts and their attention mask.
+            prompt_ids: (B, P) left-padded prompts.
+            prompt_mask: (B, P) their attention mask.
             options: Sampling settings (`generation` section).
             stop_token_ids: A response ends after the first of these (EOS included).
             pad_token_id: Fills rows that ended before the longest one.
 
         Returns:
-            (B, R) response token ids, R the longest response; what follows a row's first stop token
-            is ignored by the caller.
+            The response ids (and log-probs, where the engine computes them).
         """
 
     @abstractmethod
@@ -64,6 +99,9 @@ class RolloutEngine(ABC):
     def sync_from(self, policy: nn.Module) -> None:
         """Bring the engine up to `policy`'s current weights (after optimizer steps)."""
         self.load_weights(unwrap_model(policy).state_dict())
+
+    def close(self) -> None:
+        """Free what the engine holds (its own weights, caches, threads); the `hf` engine holds nothing."""
 
 
 class HFGenerateEngine(RolloutEngine):
@@ -80,7 +118,7 @@ class HFGenerateEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, options: GenerationConfig, *,
-                 stop_token_ids: list[int], pad_token_id: int) -> Tensor:
+                 stop_token_ids: list[int], pad_token_id: int) -> SampledResponses:
         sampling = {"do_sample": False} if options.temperature == 0 else {
             "do_sample": True, "temperature": options.temperature, "top_p": options.top_p,
             "top_k": options.top_k or None}
@@ -102,7 +140,7 @@ class HFGenerateEngine(RolloutEngine):
                                 "responses: the actor diverged; lower optimizer.lr or check the reward") from err
         finally:
             policy.train(was_training)
-        return output[:, prompt_ids.shape[1]:]  # (B, R)
+        return SampledResponses(output[:, prompt_ids.shape[1]:])  # (B, R)
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         unwrap_model(self.model).load_state_dict(state_dict)
@@ -136,19 +174,40 @@ def cpu_threads(count: int | None) -> Iterator[None]:
             torch.set_num_threads(previous)
 
 
-ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, RolloutConfig], RolloutEngine]] = {
-    "hf": lambda policy, config: HFGenerateEngine(policy, config.num_threads),
+def build_vllm_engine(policy: nn.Module | None, config: RolloutConfig, setup: EngineSetup | None) -> RolloutEngine:
+    from trainer.online.vllm_engine import VLLMEngine  # imports vLLM: only when asked for
+
+    if setup is None:
+        raise ValueError("the vllm engine needs an EngineSetup (where its weights start)")
+    return VLLMEngine(policy, config, setup)
+
+
+ROLLOUT_ENGINES: dict[str, Callable[[nn.Module | None, RolloutConfig, EngineSetup | None], RolloutEngine]] = {
+    "hf": lambda policy, config, setup: HFGenerateEngine(policy, config.num_threads),
+    "vllm": build_vllm_engine,
 }
 
 
-def build_rollout_engine(config: RolloutConfig, policy: nn.Module) -> RolloutEngine:
-    """The engine `rollout.engine` names, set up to sample with `policy`'s weights."""
+def build_rollout_engine(config: RolloutConfig, policy: nn.Module | None,
+                         setup: EngineSetup | None = None) -> RolloutEngine:
+    """The engine `rollout.engine` names, set up to sample with `policy`'s weights.
+
+    Args:
+        config: The `rollout` section.
+        policy: The model whose weights are sampled (`hf` samples with it; `vllm` starts from
+            `setup.model_path` and takes this model's weights at `sync_from`); None only where the
+            engine is built from `setup` alone (evaluation of a saved model with `vllm`).
+        setup: Where an engine with its own weights starts (`engine_setup` for a stage).
+
+    Returns:
+        The engine.
+    """
     if config.engine not in ROLLOUT_ENGINES:  # the config's choices and this table are kept in step
         from trainer.errors import ConfigError
 
         raise ConfigError(f"rollout.engine: unknown engine {config.engine!r}; expected one of "
                           f"{', '.join(sorted(ROLLOUT_ENGINES))}")
-    return ROLLOUT_ENGINES[config.engine](policy, config)
+    return ROLLOUT_ENGINES[config.engine](policy, config, setup)
 
 
 def as_engine(sampler: RolloutEngine | nn.Module) -> RolloutEngine:

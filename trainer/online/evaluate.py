@@ -1,7 +1,8 @@
 """Scoring a policy's responses on held-out prompts: the online stages' evaluation and `python -m trainer evaluate`.
 
 `mean_score` is the one evaluation loop: prompts split across ranks, responses generated and
-scored by `generate_and_score`, the sum all-reduced. `run_evaluation` is what the pipelines'
+scored by `generate_and_score`, the sum all-reduced. Answers are sampled by the config's
+`rollout.engine` (`hf` by default; `vllm` loads each saved model into its own engine). `run_evaluation` is what the pipelines'
 `evaluate_model` component launches as its own job (so generation runs on a GPU node): it scores
 a candidate, a baseline and, when given, the registry's champion with the checkable reward
 function and, optionally, a reward model, and writes `final_metrics.json` (`reward`,
@@ -23,7 +24,7 @@ from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
-from trainer.online.engines import RolloutEngine
+from trainer.online.engines import EngineSetup, RolloutEngine, build_rollout_engine
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
 from trainer.online.rollout import ScoredRollout, generate_and_score
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env
@@ -83,6 +84,15 @@ def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[An
     return scorers, names
 
 
+def build_evaluation_engine(config: EvaluateConfig, path: str, key: str, device: torch.device) -> RolloutEngine:
+    """The `rollout.engine` that samples the saved model at `path`: `hf` on the loaded model, or an engine
+    that loads `path` itself (`vllm`; the model is then never loaded as a torch module here)."""
+    if config.rollout.engine == "hf":
+        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key=key)
+        return build_rollout_engine(config.rollout, model)
+    return build_rollout_engine(config.rollout, None, EngineSetup(path, seed=0))
+
+
 def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     """Score the candidate (and the baseline) and write the results to `output_dir`; returns the metrics."""
     check_output_directories(config)  # before the generation it would otherwise throw away
@@ -97,13 +107,16 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     models = {prefix: path for prefix, path in paths.items() if path}
     for prefix, path in models.items():
         tokenizer = load_tokenizer(path)
-        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key=MODEL_KEYS[prefix])
-        means, rollouts = mean_score(model, tokenizer, rows, config.generation, device, scorers, env.rank,
-                                     env.world_size, config.batch_size)
+        engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
+        try:
+            means, rollouts = mean_score(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
+                                         env.world_size, config.batch_size)
+        finally:
+            engine.close()  # one model's engine at a time
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
         samples[prefix or "candidate"] = [s for rollout in rollouts for s in rollout.samples(len(rollout.prompts))]
         logger.info("%s: %s", path, ", ".join(f"{n}={v:.4f}" for n, v in zip(names, means)))
-        del model
+        del engine
     if config.baseline_path:
         metrics["improvement"] = metrics[names[0]] - metrics[f"baseline_{names[0]}"]
     if env.is_main_process:

@@ -57,7 +57,7 @@ from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
-from trainer.online.engines import RolloutEngine, build_rollout_engine
+from trainer.online.engines import RolloutEngine, build_rollout_engine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import generate_and_score
@@ -270,7 +270,8 @@ class PPOTrainer(OLTrainer):
         self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
         self.global_step = 0
         self.kl_controller = build_kl_controller(config)
-        self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor)
+        self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
+                                                                             engine_setup(config))
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
@@ -426,6 +427,7 @@ class PPOTrainer(OLTrainer):
         from trainer.online.evaluate import mean_score
 
         plugin = self.actor_booster.plugin
+        self.engine.sync_from(self.actor)  # an engine with its own weights has not seen the last episode's updates
         greedy = self.config.generation.model_copy(update={"temperature": 0.0})
         means, _ = mean_score(self.engine, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
                               plugin.world_size)

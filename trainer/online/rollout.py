@@ -1,7 +1,8 @@
 """Sampling responses through a rollout engine and turning them into masked sequences.
 
 Prompts are left-padded once, so every response starts at the same column; the engine
-(`trainer.online.engines`, HF `generate` with its KV cache by default) samples the response tokens.
+(`trainer.online.engines`, HF `generate` with its KV cache by default) samples the response tokens
+(and, `vllm`, their log-probs, which come back aligned with the sequences).
 The response is kept up to and including its first stop token; anything generated after it
 becomes padding with mask 0.
 """
@@ -46,19 +47,23 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
-             device: torch.device) -> dict[str, Tensor]:
+def sample(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
+           device: torch.device) -> tuple[dict[str, Tensor], Tensor | None]:
     """Sample one response per prompt with `sampler` (an engine, or a model for the default `hf` engine).
 
     Returns:
-        input_ids, attention_mask, action_mask, position_ids: (B, P + R), R the longest response;
-        truncated: (B,) 1.0 where the response has no stop token (it hit `max_new_tokens`).
+        The batch: input_ids, attention_mask, action_mask, position_ids, each (B, P + R), R the longest
+        response, and truncated, (B,) 1.0 where the response has no stop token (it hit `max_new_tokens`);
+        and the engine's log-prob of each response token aligned with input_ids ((B, P + R), position t
+        scoring token t, 0 outside the action mask, as `response_logps` aligns them), or None from an
+        engine that computes none.
     """
     prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     stops = stop_token_ids(tokenizer, options)
-    response = as_engine(sampler).generate(prompt_ids, prompt_mask, options, stop_token_ids=stops,
-                                           pad_token_id=tokenizer.pad_token_id)  # (B, R)
+    sampled = as_engine(sampler).generate(prompt_ids, prompt_mask, options, stop_token_ids=stops,
+                                          pad_token_id=tokenizer.pad_token_id)
+    response = sampled.ids.to(device)  # (B, R)
     is_stop = torch.isin(response, torch.tensor(stops, device=device))
     # Keep tokens up to and including the first stop: mask is 1 while no stop came *before* t.
     stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
@@ -66,9 +71,19 @@ def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[l
     response = response.masked_fill(response_mask == 0, tokenizer.pad_token_id)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     action_mask = torch.cat([torch.zeros_like(prompt_mask), response_mask], dim=1)
-    return {"input_ids": torch.cat([prompt_ids, response], dim=1), "attention_mask": attention_mask,
-            "action_mask": action_mask, "position_ids": positions_from_mask(attention_mask),
-            "truncated": (~is_stop.any(dim=1)).float()}
+    batch = {"input_ids": torch.cat([prompt_ids, response], dim=1), "attention_mask": attention_mask,
+             "action_mask": action_mask, "position_ids": positions_from_mask(attention_mask),
+             "truncated": (~is_stop.any(dim=1)).float()}
+    if sampled.logps is None:
+        return batch, None
+    logps = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), sampled.logps.to(device).float()], dim=1)
+    return batch, logps * action_mask  # (B, P + R)
+
+
+def generate(sampler: RolloutEngine | nn.Module, tokenizer: Any, prompts: list[list[int]], options: GenerationConfig,
+             device: torch.device) -> dict[str, Tensor]:
+    """`sample`'s batch alone: input_ids, attention_mask, action_mask, position_ids ((B, P + R)), truncated (B,)."""
+    return sample(sampler, tokenizer, prompts, options, device)[0]
 
 
 def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
@@ -87,6 +102,7 @@ class ScoredRollout:
     prompts: list[str]
     responses: list[str]
     scores: Tensor  # (B,)
+    engine_logps: Tensor | None = None  # (B, P + R) the engine's log-probs of the response tokens, if it gives them
 
     def samples(self, count: int) -> list[dict]:
         """The first `count` (prompt, response, score) triples, for reports."""
@@ -102,8 +118,9 @@ def generate_and_score(sampler: RolloutEngine | nn.Module, tokenizer: Any, rows:
     Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this,
     with its rollout engine (or a model, sampled by the default `hf` engine).
     """
-    batch = generate(sampler, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows], options, device)
+    batch, engine_logps = sample(sampler, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows],
+                                 options, device)
     prompts = [str(row["prompt"]) for row in rows]
     responses = decode_responses(tokenizer, batch)
     scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])
-    return ScoredRollout(batch, prompts, responses, scores)
+    return ScoredRollout(batch, prompts, responses, scores, engine_logps)

@@ -121,6 +121,7 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         the trained actor and, for PPO, the critic.
     """
     context = build_context(config)
+    trainer = None
     try:
         eval_rows = None
         if config.data.eval_path:  # before the trainer opens the outputs: a bad row leaves nothing written
@@ -145,5 +146,7 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         finish_stage(context, exports, metrics, trainer.global_step, samples=trainer.samples)
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
+        if trainer is not None:
+            trainer.engine.close()  # a vLLM engine's memory and threads (`hf` holds nothing)
         close_context(context)
 

@@ -37,6 +37,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.images.trainer.repository .Values.images.trainer.tag }}
 {{- end }}
 
+{{/* The trainer image's vLLM variant (same repository, so the allow-list admits it); empty without vllmTag. */}}
+{{- define "alignflow.trainerVllmImage" -}}
+{{- if .Values.images.trainer.vllmTag }}
+{{- printf "%s:%s" .Values.images.trainer.repository .Values.images.trainer.vllmTag }}
+{{- end }}
+{{- end }}
+
 {{/* The tracking URI jobs use: the bundled server's Service, or the configured one. */}}
 {{- define "alignflow.trackingUri" -}}
 {{- if .Values.mlflow.enabled }}

@@ -44,9 +44,10 @@ def test_stage_config_maps_component_parameters_and_settings():
     params = {"base_model": FakeArtifact("s3://m/sft"), "train_dataset": FakeArtifact("s3://d/prompts"),
               "eval_dataset": FakeArtifact("s3://d/eval"), "reward_model": FakeArtifact("s3://m/rm"),
               "reward_function": "", "lr": 1e-6, "micro_batch_size": 8, "max_length": 512, "num_episodes": 7,
-              "kl_coef": 0.1, "settings": {"ppo.cliprange": 0.1, "optimizer.lr": 2e-6}}
+              "kl_coef": 0.1, "rollout_engine": "vllm", "settings": {"ppo.cliprange": 0.1, "optimizer.lr": 2e-6}}
     config = stage_config("ppo", params)
     assert config["model"]["path"] == "s3://m/sft"
+    assert config["rollout"] == {"engine": "vllm"}
     assert config["reward"] == {"model_path": "s3://m/rm"}
     assert config["ppo"] == {"num_episodes": 7, "kl_coef": 0.1, "critic_model_path": "s3://m/rm", "cliprange": 0.1}
     assert config["optimizer"]["lr"] == 2e-6  # settings win over the named parameter

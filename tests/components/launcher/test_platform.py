@@ -70,6 +70,17 @@ def test_the_published_default_image_yields_to_the_platforms_image():
     assert cluster_options(params(), {}).image == "ghcr.io/alignflow/trainer:latest"  # no platform: the default
 
 
+def test_a_stage_sampling_with_vllm_runs_the_trainer_images_vllm_variant():
+    platform = {**PLATFORM, "ALIGNFLOW_TRAINER_VLLM_IMAGE": "registry.corp/ml/alignflow-trainer:2.1-vllm"}
+    for given in ({"rollout_engine": "vllm"}, {"settings": {"rollout.engine": "vllm"}},
+                  {"rollout_engine": "vllm", "trainer_image": "ghcr.io/alignflow/trainer:latest"}):
+        assert cluster_options(params(**given), platform).image == "registry.corp/ml/alignflow-trainer:2.1-vllm"
+    assert cluster_options(params(rollout_engine="vllm"), {}).image == "ghcr.io/alignflow/trainer:latest-vllm"
+    assert cluster_options(params(rollout_engine="hf"), platform).image == "registry.corp/ml/alignflow-trainer:2.1"
+    chosen = cluster_options(params(rollout_engine="vllm", trainer_image="registry.corp/ml/own:1"), platform)
+    assert chosen.image == "registry.corp/ml/own:1"  # a run's own image wins (the allow-list still applies)
+
+
 @pytest.mark.parametrize(("name", "value", "expected"), [
     ("ALIGNFLOW_NODE_SELECTOR", "{gpu: true}", "ALIGNFLOW_NODE_SELECTOR (ConfigMap key) is not valid JSON"),
     ("ALIGNFLOW_NODE_SELECTOR", '["a"]', "ALIGNFLOW_NODE_SELECTOR (ConfigMap key) is ['a'], expected a JSON object"),

