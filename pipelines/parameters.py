@@ -24,9 +24,14 @@ SHARED = {
     "sft_train_uri": "SFT training rows (prompt and completion, or chat messages) as JSONL or Parquet, or a saved HF "
                      "dataset folder, by URI.",
     "sft_eval_uri": "Held-out SFT rows in the same schema, by URI; empty: SFT is not evaluated.",
-    "preference_train_uri": "Preference rows (prompt, chosen, rejected) by URI: what DPO learns from, or the reward "
-                            "model in rlhf-ppo.",
+    "preference_train_uri": "Preference rows (prompt, chosen, rejected) by URI: what DPO or ORPO learns from, or the "
+                            "reward model in rlhf-ppo.",
     "preference_eval_uri": "Held-out preference rows, by URI; empty: that stage is not evaluated.",
+    "unpaired_train_uri": "Unpaired feedback rows (prompt, completion, and label: true for a desirable completion, "
+                          "false for an undesirable one) that KTO learns from, by URI.",
+    "unpaired_eval_uri": "Held-out unpaired feedback rows, by URI; empty: KTO is not evaluated.",
+    "rollout_engine": "What samples the online stage's answers and the evaluation's: `hf` (Hugging Face generate) "
+                      "or `vllm` (vLLM's engine; the jobs run the trainer image's vLLM variant).",
     "prompts_uri": "Prompts (a `prompt` per row) the online stage samples answers to, by URI.",
     "eval_prompts_uri": "Held-out prompts that the candidate, the SFT baseline and the registry's champion answer; "
                         "their scores decide whether the candidate is registered.",
@@ -52,6 +57,8 @@ SHARED = {
 STAGES = {"sft": ("SFT", "components.sft.component", "train_sft"),
           "rm": ("Reward model", "components.rm.component", "train_reward_model"),
           "dpo": ("DPO", "components.dpo.component", "train_dpo"),
+          "kto": ("KTO", "components.kto.component", "train_kto"),
+          "orpo": ("ORPO", "components.orpo.component", "train_orpo"),
           "ppo": ("PPO", "components.ppo.component", "train_ppo"),
           "grpo": ("GRPO", "components.grpo.component", "train_grpo")}
 # A pipeline's stage parameter suffix -> the stage component's input, where the names differ.

@@ -9,10 +9,12 @@ from kfp import dsl
 
 from components.kto.component import train_kto
 from pipelines.options import as_stage
+from pipelines.parameters import documented
 from pipelines.steps import cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-kto", description="SFT, then KTO on unpaired feedback, evaluated against SFT, registered if better.")
+@documented
 def rlhf_kto(
     base_model_uri: str,
     sft_train_uri: str,
@@ -40,36 +42,7 @@ def rlhf_kto(
     max_new_tokens: int = 256,
     registered_model_name: str = "alignflow-kto",
 ):
-    """SFT, then KTO on unpaired feedback, evaluated against the SFT model and registered if better.
-
-    Args:
-        base_model_uri: The base HF model (local, s3:// or minio://); SFT starts here.
-        sft_train_uri: SFT rows (messages, or prompt/completion) as JSONL or Parquet.
-        unpaired_train_uri: Unpaired feedback rows (prompt, completion, label true/false) that KTO trains on.
-        eval_prompts_uri: Held-out prompt rows with answers, on which the candidate and SFT are compared.
-        reward_function: Registered reward function that scores the held-out answers (the gate's judge).
-        sft_eval_uri: Held-out SFT rows; empty skips SFT's evaluation.
-        unpaired_eval_uri: Held-out unpaired feedback rows; empty skips KTO's evaluation.
-        dataset_sha256: Expected SHA-256 of each dataset by name (e.g. {"unpaired_train": "..."}); a mismatch stops
-            the run before training.
-        launcher_mode: `kubernetes` runs each stage as a PyTorchJob; `local` runs its processes on this machine.
-        trainer_image: Image of the training jobs; empty uses the platform's trainer image.
-        num_nodes: Nodes per training job.
-        gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
-        s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the jobs.
-        scheduling: Overrides of the platform's scheduling defaults for every job's pods (components/launcher/scheduling.py).
-        sft_lr: SFT's peak learning rate.
-        sft_epochs: SFT's passes over its data.
-        sft_settings: Any other SFT config fields, as {"dotted.key": value}.
-        kto_lr: KTO's peak learning rate.
-        kto_epochs: KTO's passes over its data.
-        kto_beta: KTO's beta, the strength of the pull towards the SFT model (the reference).
-        kto_desirable_weight: lambda_D, the weight of a desirable row's loss.
-        kto_undesirable_weight: lambda_U, the weight of an undesirable row's loss.
-        kto_settings: Any other KTO config fields, as {"dotted.key": value} (e.g. {"kto.loss_type": "apo_zero_unpaired"}).
-        max_new_tokens: Longest answer the evaluation generates.
-        registered_model_name: MLflow registered model the gate registers a better candidate under.
-    """
+    """SFT, then KTO on unpaired feedback, evaluated against the SFT model and registered if better."""
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, unpaired_train_uri=unpaired_train_uri,
                     unpaired_eval_uri=unpaired_eval_uri, eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)

@@ -1,4 +1,4 @@
-"""train_kto: KTO on unpaired feedback (desirable or undesirable completions) as a PyTorchJob."""
+"""train_kto: KTO on unpaired feedback (desirable or undesirable completions) as a training job."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
@@ -54,9 +54,10 @@ def train_kto(
         desirable_weight: lambda_D, the weight of a desirable row's loss (KTO eq. 8).
         undesirable_weight: lambda_U, the weight of an undesirable row's loss.
         settings: Any other config fields, as {"dotted.key": value}.
-        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
-        num_nodes: Nodes (Master plus Workers).
+        launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
+            its nodes as local processes.
+        trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).
+        num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.

@@ -1,4 +1,4 @@
-"""train_orpo: ORPO (supervised NLL plus an odds-ratio preference term, no reference model) as a PyTorchJob."""
+"""train_orpo: ORPO (supervised NLL plus an odds-ratio preference term, no reference model) as a training job."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
@@ -48,9 +48,10 @@ def train_orpo(
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         beta: lambda, the weight of the odds-ratio term beside the chosen NLL (Hong et al. 2024). > 0.
         settings: Any other config fields, as {"dotted.key": value}.
-        launcher_mode: `kubernetes` runs a PyTorchJob; `local` runs its replicas as local processes.
-        trainer_image: Image of the PyTorchJob; empty uses the platform's trainer image (one the platform allows).
-        num_nodes: Nodes (Master plus Workers).
+        launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
+            its nodes as local processes.
+        trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).
+        num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Checkpoint and log root of this stage; empty uses a folder beside the model.

@@ -15,8 +15,8 @@ def test_compile_writes_a_package(tmp_path, capsys):
 
 
 def test_unknown_pipeline_is_a_clear_error(tmp_path, capsys):
-    assert main(["compile", "rlhf-kto", "-o", str(tmp_path / "x.yaml")]) == 2
-    assert "unknown pipeline 'rlhf-kto'" in capsys.readouterr().err
+    assert main(["compile", "rlhf-cpo", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert "unknown pipeline 'rlhf-cpo'" in capsys.readouterr().err
 
 
 def test_params_are_json_when_they_parse():

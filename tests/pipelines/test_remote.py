@@ -159,7 +159,7 @@ def test_upload_creates_a_pipeline_then_adds_versions():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["schedule", "rlhf-ppo", "--host", "http://127.0.0.1:9", "--cron", "daily"], "--cron 'daily': expected 5 fields"),
-    (["submit", "rlhf-kto", "--host", "http://127.0.0.1:9"], "unknown pipeline 'rlhf-kto'"),
+    (["submit", "rlhf-cpo", "--host", "http://127.0.0.1:9"], "unknown pipeline 'rlhf-cpo'"),
     (["submit", "rlhf-dpo", "--host", "http://127.0.0.1:9", "--param", "beta"], "--param 'beta'"),
     (["submit", "rlhf-dpo", "--host", "http://127.0.0.1:9", "--param", "source=s3://x"],
      "rlhf-dpo has no parameter(s) ['source']"),
