@@ -138,7 +138,7 @@ def alignflow_fixed_generation(tokenizer):
     """alignflow's HF engine returns `fixed_completions` (right-padded) instead of sampling."""
     import torch
 
-    from trainer.online.engines import HFGenerateEngine
+    from trainer.online.engines import HFGenerateEngine, SampledResponses
 
     original, calls = HFGenerateEngine.generate, [0]
 
@@ -147,7 +147,8 @@ def alignflow_fixed_generation(tokenizer):
         rows = fixed_completions(prompts, calls[0], tokenizer)
         calls[0] += 1
         width = max(len(row) for row in rows)
-        return torch.tensor([row + [pad_token_id] * (width - len(row)) for row in rows], device=prompt_ids.device)
+        return SampledResponses(torch.tensor([row + [pad_token_id] * (width - len(row)) for row in rows],
+                                             device=prompt_ids.device))
 
     HFGenerateEngine.generate = generate
     try:

@@ -50,3 +50,22 @@ def test_compare_reports_the_largest_loss_gap_and_relative_gradient_gap():
     assert result["steps"] == 2
     assert result["max_loss_diff"] == pytest.approx(0.1)
     assert result["max_grad_norm_rel_diff"] == pytest.approx(0.2 / 2.2)  # a zero step against 1e-9 counts as equal
+
+
+def test_alignflow_rollouts_get_the_fixed_completions_through_the_engine_interface():
+    import torch
+
+    from trainer.config import GenerationConfig
+    from trainer.online.engines import HFGenerateEngine
+    from trainer.online.rollout import generate
+    from trainer.tiny.model import build_tiny_llama
+
+    tokenizer = build_tokenizer()
+    prompts = ["3+4=", "3+4=", "1+1=", "1+1="]
+    expected = loss_parity.fixed_completions(prompts, step=0, tokenizer=tokenizer)
+    with loss_parity.alignflow_fixed_generation(tokenizer):
+        batch = generate(HFGenerateEngine(build_tiny_llama(len(tokenizer))), tokenizer,
+                         [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts],
+                         GenerationConfig(max_new_tokens=loss_parity.NEW_TOKENS), torch.device("cpu"))
+    responses = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["action_mask"])]
+    assert responses == expected

@@ -11,7 +11,7 @@ import torch
 
 from trainer.algorithms.advantages import STD_EPS
 from trainer.config import GenerationConfig, build_config
-from trainer.online.engines import RolloutEngine
+from trainer.online.engines import RolloutEngine, SampledResponses
 from trainer.online.experience import Experience, concat_experiences
 from trainer.online.loop import compute_advantages, grpo_metrics
 from trainer.online.rollout import generate
@@ -111,7 +111,7 @@ class FixedEngine(RolloutEngine):
         self.responses = torch.tensor(responses)
 
     def generate(self, prompt_ids, prompt_mask, options, *, stop_token_ids, pad_token_id):
-        return self.responses
+        return SampledResponses(self.responses)
 
     def load_weights(self, state_dict) -> None:
         pass
