@@ -122,10 +122,9 @@ def test_component_pods_get_exactly_the_environment_the_compiled_pipeline_declar
     assert all(not result.not_emulated for result in results.values())
 
 
+@pytest.mark.parametrize("dpo_run", ["pytorchjob"], indirect=True)  # the same run as the other tests' pytorchjob
 def test_each_pytorchjob_replica_ran_the_manifest_command_with_the_operators_environment(dpo_run):
     platform, run, _, kind = dpo_run
-    if kind.name != "pytorchjob":
-        pytest.skip("a PyTorchJob's replicas")
     cluster = platform.cluster
     jobs = {job["metadata"]["labels"]["alignflow/stage"]: job for job in kind.created(cluster)}
     for stage, job in jobs.items():
@@ -142,10 +141,9 @@ def test_each_pytorchjob_replica_ran_the_manifest_command_with_the_operators_env
         assert runtime.env["MASTER_ADDR"] == pod and runtime.env["WORLD_SIZE"] == "1"
 
 
+@pytest.mark.parametrize("dpo_run", ["trainjob"], indirect=True)
 def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environment(dpo_run):
     platform, run, _, kind = dpo_run
-    if kind.name != "trainjob":
-        pytest.skip("a TrainJob's nodes")
     cluster = platform.cluster
     for job in kind.created(cluster):
         name, stage = job["metadata"]["name"], job["metadata"]["labels"]["alignflow/stage"]

@@ -30,10 +30,11 @@ ROOT = Path(__file__).parents[3]
 SCENARIOS = [
     ("mlflow", "the chart's MLflow server (rendered args and env) on PostgreSQL 15 and S3: runs, params, artifacts",
      ["tests/helm/test_mlflow_server.py"]),
-    ("launcher+trainer", "emulated cluster: rlhf-dpo (sft -> dpo) through KFP's executor_main on the launcher image,"
-                         " PyTorchJob pods on the trainer image, S3 between pods, MLflow", ["tests/cluster/test_pipeline_run.py"]),
-    ("trainer", "emulated cluster: a 2-node elastic PyTorchJob survives a killed worker and resumes",
-     ["tests/cluster/test_multi_node.py"]),
+    ("launcher+trainer", "emulated clusters: rlhf-dpo (sft -> dpo) through KFP's executor_main on the launcher image,"
+                         " TrainJob pods (Kubeflow SDK) and PyTorchJob pods on the trainer image, S3 between pods, MLflow",
+     ["tests/cluster/test_pipeline_run.py"]),
+    ("trainer", "emulated clusters: a 2-node TrainJob and a 2-node elastic PyTorchJob survive a killed node (the"
+                " TrainJob a preemption too) and resume", ["tests/cluster/test_multi_node.py"]),
 ]
 
 
