@@ -123,7 +123,7 @@ local-bases:
 	images/bases/build.sh
 
 # Build the bases and the three images here without any registry, run each as the cluster would, and run the
-# emulated cluster's pipeline on them; prints a table (about 15 minutes; needs root). Debian's buildah and
+# emulated cluster's pipeline on them; prints a table (about 9 minutes; needs root). Debian's buildah and
 # debootstrap are installed when missing.
 test-images: venv
 	command -v buildah >/dev/null && command -v debootstrap >/dev/null || \

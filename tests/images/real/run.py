@@ -6,7 +6,7 @@
 3. In a network namespace with only loopback (`unshare --net`): the standalone checks and the pytest scenarios of
    `checks.py`, with the images mounted (`built.py`) so that the emulated cluster's pods run on them.
 
-Needs root, buildah (`apt-get install buildah debootstrap`) and util-linux. About 15 minutes on 2 cores, most of it
+Needs root, buildah (`apt-get install buildah debootstrap`) and util-linux. About 9 minutes on 2 cores, half of it
 pip inside the builds. Options: --skip-build (use the images already built), --keep (leave them mounted).
 """
 
