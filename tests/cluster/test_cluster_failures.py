@@ -110,7 +110,10 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
         assert cluster.api.calls("delete", kind.resource), "the component deleted its job when it was stopped"
 
 
-@BOTH_KINDS
+# A PyTorchJob's pending pods are reported by the same launcher code (pods.py), tested against the Kubernetes
+# stand-in (tests/components/launcher/test_pending.py); its run here is `slow`, to keep the suite in budget.
+@pytest.mark.parametrize("kind", [KINDS["trainjob"], pytest.param(KINDS["pytorchjob"], marks=pytest.mark.slow)],
+                         ids=["trainjob", "pytorchjob"])
 def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(
         kind, sandbox, object_store, tracking_server, tiny_inputs, packages, cache, tmp_path):
     values = chart_values(object_store, tracking_server, kind.name)
