@@ -5,15 +5,7 @@ from kfp import dsl
 from components.dpo.component import train_dpo
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import (
-    cluster_arguments,
-    evaluate_and_register,
-    open_run,
-    prepare,
-    run_stages,
-    sft_stage,
-    stage_arguments,
-)
+from pipelines.steps import cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-dpo", description="SFT, then DPO, evaluated against the SFT model and registered if better.")
@@ -46,13 +38,11 @@ def rlhf_dpo(
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
                     preference_eval_uri=preference_eval_uri, eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    lineage = open_run("rlhf-dpo", base_model_uri, dataset_sha256, **datasets)
-    stage = stage_arguments(cluster, lineage, scheduling)
-    with run_stages(launcher_mode):
-        inputs = prepare(lineage, base_model_uri, **datasets)
-        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
-        dpo = as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
-                                 eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
-                                 beta=dpo_beta, settings=dpo_settings, **stage))
-        evaluate_and_register(dpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-dpo", scheduling)
+
+    def dpo(sft, inputs, stage):
+        return as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
+                                  eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
+                                  beta=dpo_beta, settings=dpo_settings, **stage))
+
+    sft_then_align("rlhf-dpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
+                   (sft_lr, sft_epochs, sft_settings), dpo, reward_function, max_new_tokens, registered_model_name)

@@ -119,7 +119,7 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
                    scheduling: dict, sft: tuple[float, int, dict],
                    align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], dsl.PipelineTask],
                    reward_function: str, max_new_tokens: int, registered_model_name: str) -> None:
-    """The whole frame of a pipeline whose one stage after SFT trains on a dataset (rlhf-kto, rlhf-orpo).
+    """The whole frame of a pipeline whose one stage after SFT trains on a dataset (rlhf-dpo, -kto, -orpo).
 
     Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,
     stage_arguments)` (the pipeline's own stage, started from SFT's model), and the evaluation against
