@@ -23,6 +23,7 @@ from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
 from components.reports.warnings import warnings_markdown
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
+from trainer.tracking.history import parse_records
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,9 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
     """Markdown for the KFP UI: final metrics, curves of the logged metrics, the resolved config."""
     storage = get_storage(job_root)
     history_uri = join_uri(job_root, "metrics.jsonl")
-    history = [json.loads(line) for line in storage.read_bytes(history_uri).decode().splitlines()] \
+    # A line a kill cut short (or a blank one) is left out, as everywhere the history is read: the report of a
+    # finished stage must not fail on it.
+    history = parse_records(storage.read_bytes(history_uri).decode(errors="replace")) \
         if storage.exists(history_uri) else []
     lines = [f"# {stage}", *warnings_markdown(metrics), "", "| metric | value |", "|---|---|"]
     lines += [f"| {key} | {value:.4g} |" for key, value in sorted(metrics.items()) if isinstance(value, (int, float))]
@@ -223,7 +226,7 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
             lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
     samples_uri = join_uri(job_root, "samples.jsonl")
     if storage.exists(samples_uri):
-        samples = [json.loads(line) for line in storage.read_bytes(samples_uri).decode().splitlines() if line]
+        samples = parse_records(storage.read_bytes(samples_uri).decode(errors="replace"))
         lines += ["", "## Sample generations (last episode)", "", "| prompt | response | score |", "|---|---|---|"]
         lines += [f"| {_cell(s['prompt'])} | {_cell(s['response'])} | {s['score']:.3g} |" for s in samples]
     run_uri = join_uri(job_root, "mlflow_run.json")

@@ -63,3 +63,14 @@ def test_stage_markdown_report_links_through_the_external_url(tmp_path, monkeypa
                                                           "link": "http://af-mlflow.ml:5000/#/experiments/4/runs/abc"}))
     assert "MLflow run: [abc](https://mlflow.corp/#/experiments/4/runs/abc)" in stage_report("sft", {}, {}, str(tmp_path))
     assert stage_run_link({"tracking_uri": "sqlite:///x.db", "experiment_id": "1", "run_id": "r", "link": ""}, {}) == ""
+
+
+def test_stage_markdown_report_leaves_out_a_cut_or_blank_history_line(tmp_path):
+    from components.launcher.stage_job import stage_report
+
+    lines = [json.dumps({"step": step, "loss": 2.0 - step / 4}) for step in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join([lines[0], "", lines[1], lines[2], '{"step": 4, "lo']) + "\n")
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"prompt": "1+1=", "response": "2", "score": 1.0}) + "\n\n")
+    report = stage_report("sft", {}, {"loss": 1.25}, str(tmp_path))
+    assert "- `loss` 1.75 " in report and report.split("- `loss` ")[1].split("\n")[0].endswith(" 1.25")
+    assert "| 1+1= | 2 | 1 |" in report
