@@ -320,11 +320,18 @@ def test_the_asynchronous_trainer_writes_one_metrics_line_per_step(tmp_path, tin
     assert all("loss" in line and "time/save_checkpoint" in line for line in lines)
 
 
-def test_a_bad_eval_row_of_an_online_stage_fails_before_anything_is_written(capsys, tmp_path, tiny_model, task_files):
+@pytest.mark.parametrize(("row", "expected"), [
+    ('{"prompt": ""}', "prompt is empty"),
+    # 40 characters, 40 tokens of the tiny tokenizer: generating after it could run past the model's positions
+    ('{"prompt": "' + "1+" * 20 + '"}', "prompt is 40 tokens, longer than data.max_length (32); raise data.max_length, "
+                                        "shorten the prompt, or set data.skip_bad_rows"),
+])
+def test_a_bad_eval_row_of_an_online_stage_fails_before_anything_is_written(row, expected, capsys, tmp_path,
+                                                                            tiny_model, task_files):
     prompts = tmp_path / "eval.jsonl"
-    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": ""}\n')
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n' + row + "\n")
     config = stage_dict("grpo", tmp_path / "out", tiny_model, task_files["prompts"], prompts,
-                        reward={"function": "trainer.tiny.task:reward"})
+                        reward={"function": "trainer.tiny.task:reward"}, data={"max_length": 32})
     code, line = cli(capsys, "grpo", config, tmp_path)
-    assert code == 2 and line == f"DataError: {prompts}:2: prompt is empty"
+    assert code == 2 and line == f"DataError: {prompts}:2: {expected}"
     assert not (tmp_path / "out").exists()  # no lease, no config.yaml: the outputs were never opened

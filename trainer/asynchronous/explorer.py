@@ -35,7 +35,7 @@ from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.weights import load_version, wait_for_version, weights_dir
 from trainer.checkpointing.checkpoint import one_line
 from trainer.config import OnlineStageConfig
-from trainer.data.dataset import load_rows
+from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
@@ -73,7 +73,8 @@ class Explorer:
         self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
         self.version = -1
         self.scorer = build_scorer(config, self.device)
-        self.rows = load_rows(config.data.train_path, "prompt", skip_bad_rows=config.data.skip_bad_rows).examples
+        self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
+                                        config.data.skip_bad_rows).examples
         self.prompts = PromptStream(self.rows, 1, 0, config.train.seed)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self.batch_size = config.algorithm.rollout_batch_size

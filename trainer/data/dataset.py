@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.data.readers import iter_rows
 from trainer.data.schemas import check_preference_row, check_prompt_row, check_sft_row, check_unpaired_row
-from trainer.data.tokenize import encode_preference, encode_sft, encode_unpaired
+from trainer.data.tokenize import encode_preference, encode_prompt, encode_sft, encode_unpaired
 from trainer.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,22 @@ def load_sft_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: 
 def load_preference_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:
     return load_rows(path, "preference", skip_bad_rows=skip_bad_rows,
                      encode=lambda row: encode_preference(tokenizer, row, max_length))
+
+
+def load_prompt_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:
+    """Prompt rows of an online stage, kept as rows (each rollout encodes them), none longer than `max_length`.
+
+    A longer prompt is a bad row rather than cut: cutting it would change the question the reward judges, and
+    generating after it could run past the model's positions far into a run.
+    """
+    def fits(row: dict) -> dict:
+        length = len(encode_prompt(tokenizer, row["prompt"]))
+        if length > max_length:
+            raise DataError(f"prompt is {length} tokens, longer than data.max_length ({max_length}); raise "
+                            "data.max_length, shorten the prompt, or set data.skip_bad_rows")
+        return row
+
+    return load_rows(path, "prompt", skip_bad_rows=skip_bad_rows, encode=fits)
 
 
 def load_unpaired_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:

@@ -16,7 +16,7 @@ from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
 from trainer.data.collate import pad_sft
-from trainer.data.dataset import load_rows, load_sft_dataset
+from trainer.data.dataset import load_prompt_dataset, load_sft_dataset
 from trainer.lifecycle.context import (
     RunContext,
     build_context,
@@ -77,8 +77,8 @@ def boost_critic(context: RunContext, critic_model: nn.Module, config: PPOConfig
 def build_online_trainer(config: OnlineStageConfig, context: RunContext,
                          stop_after_episodes: int | None = None) -> PPOTrainer:
     """Everything the colocated loop needs, loaded (data first) and boosted; outputs opened."""
-    prompts = examples_of(context, "train", load_rows(config.data.train_path, "prompt",
-                                                      skip_bad_rows=config.data.skip_bad_rows))
+    prompts = examples_of(context, "train", load_prompt_dataset(config.data.train_path, context.tokenizer,
+                                                                config.data.max_length, config.data.skip_bad_rows))
     ptx_batches = load_ptx_batches(config, context)
     # Under FSDP2 every model loads straight into shards (no rank holds any of them whole). Their forwards
     # are then collectives: each rank generates (synced_gpus), scores and runs the reference on its own
@@ -125,8 +125,9 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
     try:
         eval_rows = None
         if config.data.eval_path:  # before the trainer opens the outputs: a bad row leaves nothing written
-            eval_rows = examples_of(context, "eval", load_rows(config.data.eval_path, "prompt",
-                                                               skip_bad_rows=config.data.skip_bad_rows))
+            eval_rows = examples_of(context, "eval", load_prompt_dataset(config.data.eval_path, context.tokenizer,
+                                                                         config.data.max_length,
+                                                                         config.data.skip_bad_rows))
         trainer = build_online_trainer(config, context, stop_after_episodes)
         metrics: dict[str, float] = {}
         resumed = resume_latest(context, trainer.checkpoints, trainer.components(), trainer.restore)
