@@ -10,8 +10,9 @@ point z0 (eq. 7-8):
 
 z0 estimates KL(pi || ref) and carries no gradient: the batch's mismatched pairs (prompt x_i with
 the completion of row i - 1, `trainer.data.collate.pad_unpaired`) are scored by the policy and the
-reference, z0 = max(0, mean(log pi(y'|x) - log ref(y'|x))) over the micro-batch (section 4.1; as TRL,
-which computes it per micro-batch and also averages it over ranks: here each rank keeps its own).
+reference, z0 = max(0, mean(log pi(y'|x) - log ref(y'|x))) over the micro-batch (section 4.1). With several
+data-parallel ranks the micro-batch means are averaged over the ranks before the clamp, as TRL does, so every
+rank uses the same z0, estimated from the whole global micro-batch.
 `loss_type: apo_zero_unpaired` (D'Oosterlinck et al. 2024, unpaired eq. 7) drops z0:
 1 - sigmoid(beta r) for desirable rows, sigmoid(beta r) for undesirable ones, and needs no mismatched pairs.
 
@@ -24,9 +25,11 @@ asks for), `logps` (mean log-prob of the completions).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput, scored_logits, sequence_logps
+from trainer.runtime import all_reduce_sum
 
 LOSS_TYPES = ("kto", "apo_zero_unpaired")
 
@@ -59,8 +62,15 @@ def apo_zero_unpaired_loss(logratios: Tensor, desirable: Tensor, *, beta: float,
 
 
 def kl_reference_point(policy_logps: Tensor, reference_logps: Tensor) -> Tensor:
-    """z0 = max(0, mean(log pi(y'|x) - log ref(y'|x))) over mismatched pairs, detached. (B,), (B,) -> ()."""
-    return (policy_logps - reference_logps).mean().detach().clamp(min=0)
+    """z0 = max(0, mean(log pi(y'|x) - log ref(y'|x))) over mismatched pairs, detached. (B,), (B,) -> ().
+
+    Under a process group this is a collective: every rank's mean is averaged (ranks hold micro-batches
+    of equal size) before the clamp, so a rank whose own estimate is negative still sees the global one.
+    """
+    mean = (policy_logps - reference_logps).mean().detach()
+    if dist.is_initialized():
+        mean = all_reduce_sum(mean.clone()) / dist.get_world_size()
+    return mean.clamp(min=0)
 
 
 def completion_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -> Tensor:

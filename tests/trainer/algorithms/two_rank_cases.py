@@ -2,7 +2,8 @@
 
 Four GRPO rows whose responses have 2, 3, 1 and 0 active tokens (the last dropped, as dynamic sampling or
 `mask_truncated_completions` drop a row), with ratios off 1 so the clip and the weights act; and four
-preference pairs for a DPO loss list and ORPO.
+preference pairs for a DPO loss list and ORPO. Apart from those, each rank's two unpaired rows for KTO, whose
+reference point z0 is estimated over the ranks.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import math
 
 import torch
 
+from tests.trainer.algorithms.stand_ins import BigramLM
 from trainer.algorithms.dpo import DPOObjective
 from trainer.algorithms.grpo import GRPOObjective
+from trainer.algorithms.kto import KTOObjective
 from trainer.algorithms.orpo import ORPOObjective
+from trainer.data.collate import pad_unpaired
 from trainer.data.tokenize import IGNORE_INDEX as X
 
 POLICY_WEIGHTS = [[1, 1, 1, 1], [1, 1, 2, 4], [1, 1, 1, 3], [5, 1, 1, 1]]
@@ -64,3 +68,22 @@ def split_rows(batch: dict, unit: str) -> list[dict]:
         rows = [i, i + 4]  # the pair's chosen and rejected rows
         pairs.append({key: value[rows] if key != "margin" else value[i:i + 1] for key, value in batch.items()})
     return pairs
+
+
+# KTO: rank 0's mismatched pairs score lower under the policy than under the reference (log-ratio log 1/2 each),
+# rank 1's higher (log 5/2 each), so rank 0's own z0 would clamp to 0, rank 1's would be log 5/2, and the mean of
+# the ranks' means before the clamp is (log 5/2 - log 2) / 2 (the mean of the clamped values would be larger).
+KTO_REFERENCE_WEIGHTS = [[1, 1, 1, 1]] * 4  # uniform
+
+
+def kto_objective() -> KTOObjective:
+    return KTOObjective(beta=0.5, ref_model=BigramLM(KTO_REFERENCE_WEIGHTS))
+
+
+def kto_rank_batch(rank: int) -> dict:
+    """Rank `rank`'s micro-batch of two unpaired rows (prompt [1] or [3], then a completion)."""
+    completions = [[0], [1]] if rank == 0 else [[0], [0]]
+    prompt = 1 if rank == 0 else 3
+    rows = [{"input_ids": [prompt, *c], "labels": [X, *c], "prompt_length": 1, "desirable": i == 0}
+            for i, c in enumerate(completions)]
+    return pad_unpaired(rows, pad_token_id=0, max_length=8)
