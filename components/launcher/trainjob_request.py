@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 from components.launcher.manifest import STAGES, job_labels
 from components.launcher.manifest_checks import check_spec, quantity_value
 from components.launcher.pod_template import LAUNCH_COMMAND, plain_environment, security_contexts
+from trainer.launch import SECRET_DIRS_VARIABLE
 
 if TYPE_CHECKING:
     from components.launcher.manifest import JobSpec, SecretEnv
 
 NODE = "node"  # the replicated job and the container the torch plugin configures
 SECRET_ROOT = "/var/run/secrets/alignflow"
-SECRET_DIRS_VARIABLE = "ALIGNFLOW_SECRET_ENV_DIRS"  # read by trainer.launch
 PATCH_MANAGER = "alignflow.dev/launcher"  # our own runtime patch; the SDK's is trainer.kubeflow.org/kubeflow-sdk
 TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 

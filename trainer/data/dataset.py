@@ -84,17 +84,18 @@ def load_preference_dataset(path: str, tokenizer: Any, max_length: int, skip_bad
 
 
 def load_prompt_dataset(path: str, tokenizer: Any, max_length: int, skip_bad_rows: bool) -> LoadedDataset:
-    """Prompt rows of an online stage, kept as rows (each rollout encodes them), none longer than `max_length`.
+    """Prompt rows of an online stage, each with its token ids (`prompt_ids`, what a rollout samples after),
+    none longer than `max_length`.
 
     A longer prompt is a bad row rather than cut: cutting it would change the question the reward judges, and
     generating after it could run past the model's positions far into a run.
     """
     def fits(row: dict) -> dict:
-        length = len(encode_prompt(tokenizer, row["prompt"]))
-        if length > max_length:
-            raise DataError(f"prompt is {length} tokens, longer than data.max_length ({max_length}); raise "
+        ids = encode_prompt(tokenizer, row["prompt"])
+        if len(ids) > max_length:
+            raise DataError(f"prompt is {len(ids)} tokens, longer than data.max_length ({max_length}); raise "
                             "data.max_length, shorten the prompt, or set data.skip_bad_rows")
-        return row
+        return {**row, "prompt_ids": ids}
 
     return load_rows(path, "prompt", skip_bad_rows=skip_bad_rows, encode=fits)
 

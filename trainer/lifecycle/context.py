@@ -280,7 +280,7 @@ def _final_metrics(context: RunContext, metrics: dict[str, Any], step: int, loss
     evaluation = {key: value for key, value in metrics.items() if key.startswith("eval/") and key not in logged}
     if evaluation:
         context.tracker.log_metrics(evaluation, step)
-    final = {**metrics, **{key: value for key, value in logged.items() if key not in metrics}}
+    final = {**logged, **metrics}
     if context.config.data.skip_bad_rows:
         final.update({f"data/{name}_skipped": float(count) for name, count in context.skipped_rows.items()})
     warnings = loss_warnings(history, loss_key) if loss_key else []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,18 +245,43 @@ def apply_lora(model: nn.Module, config: ModelConfig) -> nn.Module:
     return model
 
 
+LORA_PIECES = (".lora_A.default.weight", ".lora_B.default.weight", ".base_layer.weight")
+
+
+def merged_lora_name(name: str) -> str | None:
+    """The name a state-dict entry has once LoRA is merged (`q_proj.base_layer.weight` -> `q_proj.weight`);
+    None for an adapter matrix, which is folded into its base weight."""
+    if ".lora_" in name:
+        return None
+    return name.replace(".base_layer.", ".")
+
+
+def merge_lora_weights(weights: Iterable[tuple[str, torch.Tensor]],
+                       alpha_over_r: float | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(merged name, tensor) for each entry of `weights`, in order: a LoRA layer's base weight and its
+    `lora_A`/`lora_B` are held until all three are in, then yielded as one weight W + (alpha / r) B A."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        piece = next((suffix for suffix in LORA_PIECES if name.endswith(suffix)), None)
+        if piece is None:
+            yield merged_lora_name(name), tensor
+            continue
+        if alpha_over_r is None:
+            raise ValueError(f"{name}: the model carries LoRA adapters but no LoRA scale was given to merge them")
+        prefix = name.removesuffix(piece)
+        pieces = pending.setdefault(prefix, {})
+        pieces[piece] = tensor
+        if len(pieces) == len(LORA_PIECES):
+            del pending[prefix]
+            lora_a, lora_b, base = (pieces[suffix] for suffix in LORA_PIECES)
+            yield f"{prefix}.weight", base + alpha_over_r * (lora_b.to(base.dtype) @ lora_a.to(base.dtype))
+    if pending:  # an adapter without its base weight (or the reverse): not a model `apply_lora` built
+        raise ValueError(f"LoRA pieces without their partners in the state dict: {', '.join(sorted(pending))}")
+
+
 def merge_lora_state(state: dict[str, torch.Tensor], alpha_over_r: float) -> dict[str, torch.Tensor]:
     """Fold `lora_A`/`lora_B` weights into their base linear weights and drop the adapter keys."""
-    merged = {k: v for k, v in state.items() if ".lora_" not in k}
-    for key in [k for k in state if k.endswith(".lora_A.default.weight")]:
-        prefix = key.removesuffix(".lora_A.default.weight")
-        delta = state[f"{prefix}.lora_B.default.weight"] @ state[key]
-        base_key = f"{prefix}.base_layer.weight" if f"{prefix}.base_layer.weight" in state else f"{prefix}.weight"
-        merged.pop(base_key, None)
-        merged[f"{prefix}.weight"] = state[base_key] + alpha_over_r * delta
-    for key in [k for k in merged if ".base_layer." in k]:
-        merged[key.replace(".base_layer.", ".")] = merged.pop(key)
-    return merged
+    return dict(merge_lora_weights(state.items(), alpha_over_r))
 
 
 class ValueHeadModel(nn.Module):

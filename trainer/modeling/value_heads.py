@@ -61,8 +61,9 @@ def _read(path: Path, key: str) -> torch.Tensor:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]  # maps, reads one tensor
 
 
-def _classifier_head(directory: Path, key: str) -> tuple[str, dict[str, str | None]]:
-    """The classifier's head module name and its parameters' checkpoint keys (None where the checkpoint has none).
+def _classifier_head(directory: Path, key: str, files: dict[str, Path]) -> tuple[str, dict[str, str | None]]:
+    """The classifier's head module name and its parameters' checkpoint keys (None where `files`, the directory's
+    tensor name -> file, has none).
 
     The head is what the `*ForSequenceClassification` class holds outside its base model (`score` in the
     causal LM families), and its keys are matched as `from_pretrained` matches them.
@@ -76,7 +77,7 @@ def _classifier_head(directory: Path, key: str) -> tuple[str, dict[str, str | No
     except (ValueError, KeyError) as err:
         raise ConfigError(f"{key}: cannot build the sequence classifier of {directory} "
                           f"({'/'.join(architectures(directory))}): {err}") from err
-    sources = map_checkpoint_keys(classifier, _weight_files(directory)).sources
+    sources = map_checkpoint_keys(classifier, files).sources
     inside = f"{classifier.base_model_prefix}."
     head = {name: sources.get(name) for name, _ in classifier.named_parameters() if not name.startswith(inside)}
     modules = {name.rsplit(".", 1)[0] for name in head}
@@ -93,8 +94,8 @@ def sequence_classifier_head(directory: Path, hidden_size: int, key: str) -> dic
         ConfigError: The head is not one linear layer, its weight is not in the files or not (num_labels,
             hidden), or num_labels is not 1.
     """
-    name, head = _classifier_head(directory, key)
     files = _weight_files(directory)
+    name, head = _classifier_head(directory, key, files)
     weight_key = head.get(f"{name}.weight")
     weight = _read(files[weight_key], weight_key) if weight_key in files else None
     if weight is None or weight.dim() != 2 or weight.shape[1] != hidden_size:

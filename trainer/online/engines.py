@@ -179,7 +179,7 @@ def build_vllm_engine(policy: nn.Module | None, config: RolloutConfig, setup: En
 
     if setup is None:
         raise ValueError("the vllm engine needs an EngineSetup (where its weights start)")
-    return VLLMEngine(policy, config, setup)
+    return VLLMEngine(config, setup)  # sync_from is handed the policy
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[nn.Module | None, RolloutConfig, EngineSetup | None], RolloutEngine]] = {

@@ -113,13 +113,14 @@ class ScoredRollout:
 @torch.no_grad()
 def generate_and_score(sampler: RolloutEngine | nn.Module, tokenizer: Any, rows: list[dict],
                        options: GenerationConfig, device: torch.device, scorer: Any) -> ScoredRollout:
-    """Generate one response per row (`prompt`, optional `answer`), decode it and score it.
+    """Generate one response per row (`prompt`, optional `answer`, `prompt_ids` where the dataset encoded it),
+    decode it and score it.
 
     Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this,
     with its rollout engine (or a model, sampled by the default `hf` engine).
     """
-    batch, engine_logps = sample(sampler, tokenizer, [encode_prompt(tokenizer, row["prompt"]) for row in rows],
-                                 options, device)
+    prompt_ids = [row["prompt_ids"] if "prompt_ids" in row else encode_prompt(tokenizer, row["prompt"]) for row in rows]
+    batch, engine_logps = sample(sampler, tokenizer, prompt_ids, options, device)
     prompts = [str(row["prompt"]) for row in rows]
     responses = decode_responses(tokenizer, batch)
     scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])

@@ -49,10 +49,8 @@ from torch import Tensor, nn
 from trainer.checkpointing.rng_state import capture_rng_state, restore_rng_state
 from trainer.config import GenerationConfig, RolloutConfig
 from trainer.errors import ConfigError
-from trainer.modeling.checkpoint_keys import to_checkpoint_names
 from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads
 from trainer.online.weight_stream import checkpoint_weights
-from trainer.parallel.booster import unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -164,15 +162,13 @@ class VLLMEngine(RolloutEngine):
     """Samples with vLLM's offline engine on its own copy of the policy's weights.
 
     Args:
-        policy: The actor whose weights `sync_from` pushes (None: an engine for a saved model, evaluation).
         config: The `rollout` section (`vllm` settings).
         setup: Where the weights start (`model_path`, local or URI), the engine's seed, the LoRA scale.
     """
 
-    def __init__(self, policy: nn.Module | None, config: RolloutConfig, setup: EngineSetup) -> None:
+    def __init__(self, config: RolloutConfig, setup: EngineSetup) -> None:
         from trainer.storage.transfer import cached_copy
 
-        self.policy = policy
         self.lora_scale = setup.lora_scale
         self.sleeps = config.vllm.sleep_between_rollouts
         self.num_threads = config.num_threads
@@ -202,10 +198,8 @@ class VLLMEngine(RolloutEngine):
         return SampledResponses(ids.to(prompt_ids.device), logps.to(prompt_ids.device))
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Push `state_dict` (the policy's module names, whole tensors) into the running engine, renamed as
-        `save_pretrained` would name them (with the policy given at construction; as they are without one)."""
-        if self.policy is not None:
-            state_dict = to_checkpoint_names(unwrap_model(self.policy), state_dict)
+        """Push `state_dict` (whole tensors, named as `save_pretrained` writes them) into the running engine;
+        `sync_from` renames a policy's own weights so."""
         self.push(state_dict.items())
 
     def sync_from(self, policy: nn.Module) -> None:

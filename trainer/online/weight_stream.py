@@ -10,8 +10,8 @@ the stages train:
   order) just before it is yielded, so a sync holds one gathered tensor at a time beside the shards,
   never the whole model;
 - with LoRA: a layer's base weight and its `lora_A`/`lora_B` are held until all three are there, then
-  yielded as one merged weight, W + (alpha / r) B A (what the exported model holds,
-  `trainer.modeling.models.merge_lora_state`); nothing in the actor changes.
+  yielded as one merged weight, W + (alpha / r) B A (`trainer.modeling.models.merge_lora_weights`, which
+  the exported model is merged with too); nothing in the actor changes.
 
 Names are worked out once per sync from placeholders on the meta device. A model whose conversion
 mapping converts tensors rather than renaming them (merged or split experts) cannot be renamed one
@@ -26,17 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from trainer.modeling.checkpoint_keys import to_checkpoint_names
+from trainer.modeling.models import merge_lora_weights, merged_lora_name
 from trainer.parallel.booster import unwrap_model
-
-LORA_PIECES = (".lora_A.default.weight", ".lora_B.default.weight", ".base_layer.weight")
-
-
-def merged_name(name: str) -> str | None:
-    """The name a state-dict entry has once LoRA is merged (`q_proj.base_layer.weight` -> `q_proj.weight`);
-    None for an adapter matrix, which is folded into its base weight."""
-    if ".lora_" in name:
-        return None
-    return name.replace(".base_layer.", ".")
 
 
 def checkpoint_name_map(model: nn.Module, names: list[str]) -> dict[str, str] | None:
@@ -58,24 +49,9 @@ def full_tensor(tensor: Tensor) -> Tensor:
 
 
 def merged_weights(model: nn.Module, lora_scale: float | None) -> Iterator[tuple[str, Tensor]]:
-    """(merged name, full tensor) in state-dict order; LoRA layers merged as soon as their pieces are in."""
-    pending: dict[str, dict[str, Tensor]] = {}
-    for name, tensor in model.state_dict().items():
-        piece = next((suffix for suffix in LORA_PIECES if name.endswith(suffix)), None)
-        prefix = name.removesuffix(piece) if piece else ""
-        if piece is None:
-            yield merged_name(name), full_tensor(tensor).detach()
-            continue
-        if lora_scale is None:
-            raise ValueError(f"{name}: the actor carries LoRA adapters but no LoRA scale was given to merge them")
-        pieces = pending.setdefault(prefix, {})
-        pieces[piece] = full_tensor(tensor).detach()
-        if len(pieces) == len(LORA_PIECES):
-            del pending[prefix]
-            lora_a, lora_b, base = (pieces[suffix] for suffix in LORA_PIECES)
-            yield f"{prefix}.weight", base + lora_scale * (lora_b.to(base.dtype) @ lora_a.to(base.dtype))
-    if pending:  # an adapter without its base weight (or the reverse): not a model `apply_lora` built
-        raise ValueError(f"LoRA pieces without their partners in the state dict: {', '.join(sorted(pending))}")
+    """(merged name, full tensor) in state-dict order, each gathered only when it is reached."""
+    whole = ((name, full_tensor(tensor).detach()) for name, tensor in model.state_dict().items())
+    return merge_lora_weights(whole, lora_scale)
 
 
 def checkpoint_weights(policy: nn.Module, lora_scale: float | None = None) -> Iterator[tuple[str, Tensor]]:
@@ -90,7 +66,7 @@ def checkpoint_weights(policy: nn.Module, lora_scale: float | None = None) -> It
         (checkpoint name, tensor) pairs; tensors stay on the actor's device and dtype.
     """
     model = unwrap_model(policy)
-    names = [merged for name in model.state_dict() if (merged := merged_name(name)) is not None]
+    names = [merged for name in model.state_dict() if (merged := merged_lora_name(name)) is not None]
     mapping = checkpoint_name_map(model, names)
     if mapping is None:  # conversions act on several tensors at once: gather and convert whole
         yield from to_checkpoint_names(model, dict(merged_weights(model, lora_scale))).items()
