@@ -93,6 +93,8 @@ def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
         texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
     return texts
 
+SAMPLES_KEPT = 5  # (prompt, response, score) triples of the latest rollout kept for reports
+
 
 @dataclass(slots=True)
 class ScoredRollout:

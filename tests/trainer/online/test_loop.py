@@ -7,7 +7,7 @@ import torch
 from tests.conftest import make_config
 from tests.trainer.asynchronous.test_buffer import make_experience
 from trainer.lifecycle.context import build_context
-from trainer.online.loop import to_device
+from trainer.online.batches import to_device
 from trainer.online.stages import build_online_trainer
 
 

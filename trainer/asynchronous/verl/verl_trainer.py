@@ -8,13 +8,13 @@ recomputed as the proximal policy):
 1. `to_data_proto`: the step's experiences as one batch, with each row's weight version;
 2. `compute_log_prob` (`old_logps`), `compute_ref_log_prob` (`ref_logps`), PPO: `compute_values`;
 3. the importance correction of stale rows (`trainer.asynchronous.staleness`);
-4. rewards and advantages with `trainer.online.loop.compute_advantages`, as the colocated loop does;
+4. rewards and advantages with `trainer.algorithms.online_advantages.compute_advantages`, as the colocated loop does;
 5. PPO: `update_critic`; then `update_actor` (both through `trainer.algorithms.update.train_step`);
 6. metrics, and the adaptive KL coefficient moves as in the colocated loop.
 
 Metrics of a step: the actor's and critic's (`trainer.asynchronous.verl.dp_actor`), the batch's
 (`compute_data_metrics`; for GRPO also `episode/dropped_groups`, `episode/truncated_fraction` and
-`episode/overlong_penalty`, `trainer.online.loop.grpo_metrics`), `staleness/*`
+`episode/overlong_penalty`, `trainer.algorithms.online_advantages.grpo_metrics`), `staleness/*`
 (`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1 KL to the reference per sequence) and
 `kl/coef` (the reward's KL coefficient, PPO).
 
@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from trainer.algorithms.kl_control import build_kl_controller
+from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
 from trainer.algorithms.update import NonFiniteGuard
 from trainer.asynchronous.engine import TrainEngineWrapper
 from trainer.asynchronous.staleness import importance_correction, staleness_metrics
@@ -57,7 +59,7 @@ from trainer.lifecycle.context import (
     seed_everything,
 )
 from trainer.online.experience import Experience
-from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages, grpo_metrics
+from trainer.online.rollout import SAMPLES_KEPT
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
