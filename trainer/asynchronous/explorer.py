@@ -39,7 +39,8 @@ from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
-from trainer.online.engines import build_rollout_engine, engine_setup
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import engine_setup
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
 from trainer.online.reward_sources import build_scorer

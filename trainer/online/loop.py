@@ -43,7 +43,8 @@ from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
-from trainer.online.engines import RolloutEngine, build_rollout_engine, engine_setup
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import RolloutEngine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import SAMPLES_KEPT, generate_and_score

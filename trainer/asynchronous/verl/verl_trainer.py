@@ -40,7 +40,7 @@ import torch
 from trainer.algorithms.kl_control import build_kl_controller
 from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
 from trainer.algorithms.update import NonFiniteGuard
-from trainer.asynchronous.engine import TrainEngineWrapper
+from trainer.asynchronous.engine_wrapper import TrainEngineWrapper
 from trainer.asynchronous.staleness import importance_correction, staleness_metrics
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.verl.data_proto import DataProto, compute_data_metrics, to_data_proto
