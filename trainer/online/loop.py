@@ -23,6 +23,8 @@ objectives, `kl_control.build_kl_controller`/`needs_reference`) and the batching
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -50,6 +52,7 @@ from trainer.online.prompts import PromptStream
 from trainer.online.rollout import SAMPLES_KEPT, generate_and_score
 from trainer.parallel.booster import Booster
 from trainer.runtime import all_reduce_sum
+from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -109,13 +112,16 @@ class PPOTrainer(OLTrainer):
         self.last_metrics: dict[str, float] = {}
         self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
         self._experience: Experience | None = None  # the episode's experience, once concatenated
+        self.timer = PhaseTimer()  # where each episode's time goes (`perf/time/*`)
+        self._episode_sizes = (0.0, 0.0)  # the episode's response tokens and responses, all ranks
 
     # -- collect ------------------------------------------------------------------------------------
 
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
+                                     self.timer)
         self.samples = rollout.samples(SAMPLES_KEPT)
         return rollout.batch, rollout.scores
 
@@ -123,7 +129,8 @@ class PPOTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._experience = None  # a new episode
-            self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
+            with self.timer.phase("sync_weights"):
+                self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
         batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
         return self.annotate(batch, scores)
 
@@ -135,12 +142,17 @@ class PPOTrainer(OLTrainer):
         (for the KL-shaped rewards and `episode/kl_to_ref`); reference log-probs without a reference.
         """
         mask = batch["action_mask"].float()
-        values = response_values(self.critic, batch) * mask if self.critic is not None else None
+        values = old_logps = ref_logps = None
+        if self.critic is not None:
+            with self.timer.phase("values"):
+                values = response_values(self.critic, batch) * mask
         has_reference = self.ref_model is not None
-        old_logps = None
         if has_reference or not is_exactly_on_policy(self.config, self.sample_buffer):
-            old_logps = response_logps(self.actor, batch) * mask
-        ref_logps = response_logps(self.ref_model, batch) * mask if has_reference else None
+            with self.timer.phase("logps_old"):
+                old_logps = response_logps(self.actor, batch) * mask
+        if has_reference:
+            with self.timer.phase("logps_ref"):
+                ref_logps = response_logps(self.ref_model, batch) * mask
         experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
                                 version=version)
         return compute_advantages(experience, self.config, self.kl_controller.value)
@@ -178,7 +190,10 @@ class PPOTrainer(OLTrainer):
         ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)] if self.ptx_batches else None
         batches = micro_batches(minibatch, self.config.train.micro_batch_size, self.device, ptx,
                                 self.dataloader_pin_memory)
-        step = self.global_step + 1
+        with self.timer.phase("update"):
+            return self._update(batches, self.global_step + 1)
+
+    def _update(self, batches: list[dict], step: int) -> dict[str, float]:
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
                              build_actor_objective(self.config), self.config.optimizer.max_grad_norm)
         self.nonfinite.observe(metrics, step)  # a TrainingError after too many in a row
@@ -206,6 +221,7 @@ class PPOTrainer(OLTrainer):
         local = torch.tensor([experience.scores.float().sum().item(), mask.sum().item(), kl_to_ref.sum().item(),
                               float(len(experience)), *counts], dtype=torch.float64, device=mask.device)
         score, tokens, kl, count, *counts = all_reduce_sum(local).tolist()
+        self._episode_sizes = (tokens, count)
         metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
                    "episode/kl_coef": self.kl_controller.value}
         if isinstance(self.config, GRPOConfig):
@@ -216,6 +232,16 @@ class PPOTrainer(OLTrainer):
         self.tracker.log_metrics(metrics, self.global_step)
         logger.info("episode %d: reward %.3f, length %.1f%s", self.num_episodes_done, metrics["episode/reward_mean"],
                     metrics["episode/response_length"], f", kl {kl / count:.4f}" if has_kl else "")
+
+    @contextmanager
+    def _episode_ctx(self, episode: int) -> Iterator[None]:
+        """The episode's hooks (`OLTrainer`), timed: its `perf/` breakdown is logged when it ends."""
+        self.timer.reset()
+        self._episode_sizes = (0.0, 0.0)
+        with super()._episode_ctx(episode):
+            yield
+        tokens, completions = self._episode_sizes
+        self.tracker.log_metrics(self.timer.metrics(tokens=tokens, completions=completions), self.global_step)
 
     # -- checkpoints --------------------------------------------------------------------------------
 
