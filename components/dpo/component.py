@@ -48,7 +48,7 @@ def train_dpo(
         micro_batch_size: Samples (or pairs) per rank per forward pass.
         max_length: Longest tokenized sample in tokens; longer samples are truncated.
         beta: Strength of the pull towards the reference (beta in the DPO paper). > 0.
-        loss_type: Preference loss by TRL's name (sigmoid, hinge, ipo, simpo, ...; README lists all), or a list of them.
+        loss_type: Preference loss by TRL's name (sigmoid, hinge, ipo, simpo, ...; docs/stages.md lists all), or a list of them.
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.

@@ -1,6 +1,6 @@
 """Fixtures of the cluster-faithful tests: an S3 store, the emulated cluster set up as a platform team would.
 
-The setup follows the README's cluster steps: a namespace where KFP runs pipelines as a service
+The setup follows the cluster steps of docs/cluster.md: a namespace where KFP runs pipelines as a service
 account, the chart installed (its defaults ConfigMap and launcher Role, and on a Kubeflow Trainer
 cluster its TrainingRuntime, rendered by the real Helm engine from the values a platform team
 writes), the S3 credentials Secret, and the pipeline compiled (what `alignflow compile` and the

@@ -6,7 +6,7 @@ process, and through FSDP2 on 2 gloo ranks (one torchrun for all families): the 
 whole load and SFT resumed from its DCP checkpoint ends where the one-process run ends. Exports reload
 with `AutoModelForCausalLM` (or as a reward model) equal to the trained weights. Packed rows give the
 logits of padded ones (SFT's packing under `sdpa`, pair packing's variable-length attention, with
-sequences longer than the sliding windows), and the lean activations apply to the families the README
+sequences longer than the sliding windows), and the lean activations apply to the families docs/models.md
 names and leave gradients as Hugging Face's modules give them.
 
 Cost is kept low: 2-layer width-32 models, 16 SFT rows (2 steps), 8 preference pairs (1 step), one
@@ -34,7 +34,7 @@ from trainer.tiny.task import preference_rows, prompt_rows, sft_rows, write_json
 
 DRIVER = Path(__file__).with_name("families_fsdp2_driver.py")
 REPOSITORY = Path(__file__).parents[2]
-# The README ("Training loop details") names these; the rest keep Hugging Face's modules.
+# docs/models.md ("Model families") names these; the rest keep Hugging Face's modules.
 LEAN_FAMILIES = {"llama", "llama-tied", "qwen2", "qwen3", "mistral"}
 # Width-32 models gain nothing from a second thread, and on a busy machine its synchronisation costs
 # more than the step (AdamW's fused kernel: ~1.5 ms on one thread, up to 165 ms on two).

@@ -77,7 +77,7 @@ class GRPOAlgorithmConfig(OnlineAlgorithmConfig):
         "over responses), `dr_grpo` (token sum over responses x max_new_tokens), `dapo` (token mean over the global "
         "batch), `bnpo` (token mean per micro-batch), `cispo` (clipped importance weights, MiniMax-M1), `sapo` (a "
         "sigmoid gate instead of the clip), `luspo` (GSPO scaled by response length; needs sequence ratios), "
-        "`vespo` (gamma-weighted sequence ratios; needs token ratios). The README's table gives each formula."
+        "`vespo` (gamma-weighted sequence ratios; needs token ratios). trainer/algorithms/grpo.py gives each formula."
     )
     epsilon: float = Field(0.2, gt=0, description="Lower clip range of the ratio, 1 - epsilon (and the upper one "
                            "when `epsilon_high` is null).")

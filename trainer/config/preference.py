@@ -28,7 +28,7 @@ SMOOTHED_DPO_LOSSES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpaired")
 class DPOAlgorithmConfig(Section):
     beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference (beta in the DPO paper). > 0.")
     loss_type: DPOLossName | list[DPOLossName] = Field(
-        "sigmoid", description="Preference loss by TRL's name (sigmoid, hinge, ipo, simpo, ...; README lists all), or a "
+        "sigmoid", description="Preference loss by TRL's name (sigmoid, hinge, ipo, simpo, ...; docs/stages.md lists all), or a "
         "list of them."
     )
     loss_weights: list[float] | None = Field(

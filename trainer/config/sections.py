@@ -178,7 +178,7 @@ class OnlineCheckpointConfig(CheckpointConfig):
 
 
 class ColossalAIConfig(Section):
-    """ColossalAI's booster plugin (`parallel.plugin: colossalai`; needs the `colossalai` extra, see README)."""
+    """ColossalAI's booster plugin (`parallel.plugin: colossalai`; needs the `colossalai` extra, see docs/models.md)."""
 
     plugin: Literal["torch_ddp", "low_level_zero", "gemini", "hybrid_parallel"] = Field(
         "torch_ddp", description="ColossalAI plugin: `torch_ddp` (the one that runs on CPU), `low_level_zero` "

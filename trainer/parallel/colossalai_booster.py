@@ -60,7 +60,7 @@ class ColossalAIPlugin(Plugin):
         except ImportError as err:
             raise ConfigError("parallel.plugin is 'colossalai' but colossalai is not importable here "
                               f"({err}); install the `colossalai` extra in its own environment "
-                              "(`make test-colossalai` builds one; see README, ColossalAI)") from err
+                              "(`make test-colossalai` builds one; see docs/models.md, ColossalAI)") from err
         if options.plugin != "torch_ddp" and device.type != "cuda":
             raise ConfigError(f"parallel.colossalai.plugin is {options.plugin!r}, which needs CUDA; this process "
                               "has no GPU (only torch_ddp runs on CPU)")

@@ -35,7 +35,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                "layer_types": ["sliding_attention", "full_attention"]}),
     "phi3": ("phi3", {**_DECODER, "sliding_window": SLIDING_WINDOW}),
     # GPT-2's config turns dropout on (0.1) and alignflow trains with a model's dropout as configured:
-    # off here, so that a DPO policy starts equal to its reference (README, "Model families").
+    # off here, so that a DPO policy starts equal to its reference (docs/models.md, "Model families").
     "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 128,
                       "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
     "gpt-neox": ("gpt_neox", {key: value for key, value in _DECODER.items() if key != "num_key_value_heads"}),

@@ -2,7 +2,7 @@
 job's life from creation to clean-up. API failures, Pending pods, the log and cancellation have
 their own files.
 
-A real cluster run is not part of CI (no API server can run here); see the README for one.
+A real cluster run is not part of CI (no API server can run here); see docs/cluster.md for one.
 """
 
 from __future__ import annotations
