@@ -60,6 +60,7 @@ from trainer.lifecycle.context import (
 )
 from trainer.online.experience import Experience
 from trainer.online.rollout import SAMPLES_KEPT
+from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -168,24 +169,31 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def _train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
         config = self.config
+        timer = PhaseTimer()  # the explorer samples and scores: its log line gives those times
         data = to_data_proto(batch_exps, self.context.tokenizer.pad_token_id)
         metrics = staleness_metrics(self.global_steps, data.meta_info["model_versions"])
-        data = data.union(self.actor_rollout_wg.compute_log_prob(data))
-        data = data.union(self.actor_rollout_wg.compute_ref_log_prob(data))
+        with timer.phase("logps_old"):
+            data = data.union(self.actor_rollout_wg.compute_log_prob(data))
+        with timer.phase("logps_ref"):
+            data = data.union(self.actor_rollout_wg.compute_ref_log_prob(data))
         if self.critic_wg is not None:
-            data = data.union(self.critic_wg.compute_values(data))
+            with timer.phase("values"):
+                data = data.union(self.critic_wg.compute_values(data))
         weights, weight_metrics = importance_correction(data.batch, config.asynchronous.importance_sampling_cap)
         data = data.union(weights)
         data = DataProto(compute_advantages(data.batch, config, self.kl_controller.value), data.meta_info)
         self.global_steps += 1
         seed = config.train.seed + self.global_steps  # actor and critic see the minibatches in the same order
-        if self.critic_wg is not None:
-            metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
-        metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
+        with timer.phase("update"):
+            if self.critic_wg is not None:
+                metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
+            metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
         metrics |= weight_metrics | compute_data_metrics(data, config.generation.max_new_tokens)
         if isinstance(config, GRPOConfig):  # dynamic sampling, truncated responses, overlong penalty
             metrics |= grpo_metrics(data.batch.info)
         metrics |= self._update_kl_coef(data.batch)
+        mask = data.batch.action_mask
+        metrics |= timer.metrics(tokens=float(mask.sum()), completions=float(len(mask)))
         self.last_metrics = metrics
         self.samples = decode_samples(self.context.tokenizer, data.batch, SAMPLES_KEPT)
         return metrics
