@@ -201,7 +201,8 @@ def decode_with_vllm(args: argparse.Namespace, state: dict, shape: dict, prompts
     import torch
 
     from trainer.config import RolloutConfig
-    from trainer.online.engines import EngineSetup, build_rollout_engine
+    from trainer.online.engine_registry import build_rollout_engine
+    from trainer.online.engines import EngineSetup
 
     with tempfile.TemporaryDirectory() as directory:
         build_model(shape, torch.device("cpu"), torch.bfloat16).save_pretrained(directory)  # config, initial weights

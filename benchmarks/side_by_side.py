@@ -53,9 +53,10 @@ PROMPT_CHARS = (16, 64)  # one token per character
 PREFERENCE_PAIRS = 256
 RESPONSE_CHARS = (32, 192)  # chosen and rejected, each drawn on its own
 GRPO_PROMPTS = 64  # addition prompts "a+b=" rewarded by the exact answer (trainer.tiny.task)
-GRPO_GENERATIONS = 4
-GRPO_PROMPTS_PER_STEP = 2
-GRPO_NEW_TOKENS = 32
+# GRPO's shapes, each one pass over the prompts: (prompts a step, generations a prompt, new tokens). `grpo` is
+# 2 x 4 completions of 32 tokens, 32 steps; `grpo_8x8` 8 x 8 of 64 tokens, 8 steps. A step's completions are
+# one optimizer step (one minibatch) for both systems.
+GRPO_SHAPES = {"grpo": (2, 4, 32), "grpo_8x8": (8, 8, 64)}
 MAX_LENGTH = 512  # no row is truncated; TRL's packed SFT fills bins of this many tokens
 BATCH_SIZE = 8  # rows (SFT), pairs (RM, DPO) or completions (GRPO) per optimizer step; no accumulation
 LR = 1e-4  # constant schedule, no warm-up, AdamW (0.9, 0.999), eps 1e-8, no weight decay, clip 1.0
@@ -64,7 +65,7 @@ NUM_THREADS = 2
 SEED = 0
 LOSS_TAIL = 8  # steps whose losses are averaged into `loss`
 
-STAGES = ("sft_padded", "sft_packed", "rm", "dpo_live", "dpo_precomputed", "grpo")
+STAGES = ("sft_padded", "sft_packed", "rm", "dpo_live", "dpo_precomputed", *GRPO_SHAPES)
 SYSTEMS = ("alignflow", "trl")
 WORDS = ["the", "model", "learns", "to", "answer", "short", "questions", "about", "numbers", "and", "words",
          "while", "a", "reference", "keeps", "it", "close", "policy", "reward", "token", "sequence", "batch"]
@@ -128,13 +129,16 @@ def alignflow_config(stage: str, files: dict[str, Path], output_dir: Path,
     }
     train = {"micro_batch_size": BATCH_SIZE, "seed": SEED, "log_interval": 1, "mixed_precision": "no",
              "num_threads": NUM_THREADS}
-    if stage == "grpo":
-        episodes = min(GRPO_PROMPTS // GRPO_PROMPTS_PER_STEP, max_steps or GRPO_PROMPTS)
-        return "grpo", {**common, "data": {"train_path": str(files["prompts"])}, "train": train,
-                        "generation": {"max_new_tokens": GRPO_NEW_TOKENS, "temperature": 1.0},
+    if stage in GRPO_SHAPES:
+        prompts, generations, new_tokens = GRPO_SHAPES[stage]
+        episodes = min(GRPO_PROMPTS // prompts, max_steps or GRPO_PROMPTS)
+        completions = prompts * generations
+        return "grpo", {**common, "data": {"train_path": str(files["prompts"])},
+                        "train": {**train, "micro_batch_size": completions},
+                        "generation": {"max_new_tokens": new_tokens, "temperature": 1.0},
                         "reward": {"function": "tiny_addition"},
-                        "grpo": {"num_episodes": episodes, "rollout_batch_size": GRPO_PROMPTS_PER_STEP,
-                                 "num_generations": GRPO_GENERATIONS, "mini_batch_size": BATCH_SIZE, "beta": 0.0}}
+                        "grpo": {"num_episodes": episodes, "rollout_batch_size": prompts, "num_generations": generations,
+                                 "mini_batch_size": completions, "beta": 0.0}}
     data = {"train_path": str(files["sft" if stage.startswith("sft") else "preference"]), "max_length": MAX_LENGTH}
     config = {**common, "data": data, "train": {**train, "max_epochs": 1, "max_steps": max_steps}}
     if stage.startswith("sft"):
@@ -158,21 +162,9 @@ def run_alignflow(stage: str, files: dict[str, Path], output_dir: Path, max_step
             target = target.setdefault(section, {})
         target[leaf] = json.loads(value)
     config = build_config(kind, raw)
-    episode_seconds: list[float] = []
     if kind == "grpo":
-        from trainer.base import OLTrainer
         from trainer.online.stages import run_online_stage
 
-        original = OLTrainer._episode_ctx
-
-        @contextlib.contextmanager
-        def timed_episode(self, episode):  # an episode = one GRPO step: rollout, scoring and the update
-            started = time.perf_counter()
-            with original(self, episode):
-                yield
-            episode_seconds.append(time.perf_counter() - started)
-
-        OLTrainer._episode_ctx = timed_episode  # this child process only: it exists to run one measured stage
         run_online_stage(config)
     else:
         from trainer.supervised.stages import run_stage
@@ -180,11 +172,15 @@ def run_alignflow(stage: str, files: dict[str, Path], output_dir: Path, max_step
         run_stage(config)
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in rows if "loss" in row]
-    if kind == "grpo":
-        lengths = [row["episode/response_length"] for row in rows if "episode/response_length" in row]
-        completions = GRPO_PROMPTS_PER_STEP * GRPO_GENERATIONS * len(episode_seconds)
-        return {"seconds": sum(episode_seconds), "steps": len(episode_seconds), "samples": completions,
-                "tokens": completions * statistics.fmean(lengths), "losses": losses}
+    if kind == "grpo":  # an episode is one GRPO step (rollout, scoring, the update), timed by the loop itself
+        episodes = [row for row in rows if "perf/time/step" in row]
+        seconds = sum(row["perf/time/step"] for row in episodes)
+        breakdown = {key.removeprefix("perf/time/"): sum(row[key] for row in episodes) / seconds
+                     for key in episodes[0] if key.startswith("perf/time/") and key != "perf/time/step"}
+        return {"seconds": seconds, "steps": len(episodes),
+                "samples": sum(row["perf/completions_per_second"] * row["perf/time/step"] for row in episodes),
+                "tokens": sum(row["perf/tokens_per_second"] * row["perf/time/step"] for row in episodes),
+                "losses": losses, "time_shares": breakdown}
     steps = [row for row in rows if "perf/step_time" in row]
     return {"seconds": sum(row["perf/step_time"] for row in steps), "steps": len(steps),
             "samples": sum(row["perf/samples_per_second"] * row["perf/step_time"] for row in steps),
@@ -266,17 +262,18 @@ def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int
         def addition(prompts, completions, answer, **_):  # TRL's batched reward-function form
             return [check_answer(completion, expected) for completion, expected in zip(completions, answer)]
 
-        args = trl.GRPOConfig(**common, num_generations=GRPO_GENERATIONS, max_completion_length=GRPO_NEW_TOKENS,
-                              temperature=1.0, beta=0.0)
+        prompts, generations, new_tokens = GRPO_SHAPES[stage]
+        args = trl.GRPOConfig(**{**common, "per_device_train_batch_size": prompts * generations},
+                              num_generations=generations, max_completion_length=new_tokens, temperature=1.0, beta=0.0)
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[addition], args=args,
                                   train_dataset=_dataset(files["prompts"]), processing_class=tokenizer,
                                   callbacks=[StepTimer()])
     trainer.train()
     history = trainer.state.log_history
     losses = [row["loss"] for row in history if "loss" in row]
-    if stage == "grpo":
+    if stage in GRPO_SHAPES:
         lengths = [row["completions/mean_length"] for row in history if "completions/mean_length" in row]
-        completions = BATCH_SIZE * len(step_seconds)
+        completions = args.per_device_train_batch_size * len(step_seconds)
         return {"seconds": sum(step_seconds), "steps": len(step_seconds), "samples": completions,
                 "tokens": completions * statistics.fmean(lengths), "losses": losses}
     pairs = 2 if stage in ("rm", "dpo_live", "dpo_precomputed") else 1  # chosen and rejected rows of a pair
@@ -419,8 +416,9 @@ def check_targets(rows: list[dict], results: dict[tuple[str, str], list[dict]]) 
         ratio = paired_ratio(results[("alignflow", "dpo_precomputed")], results[("trl", "dpo_live")],
                              "tokens_per_second")
         check("dpo precomputed reference vs TRL's live-reference DPO, tokens/s", ratio, 2.0)
-    if "grpo" in by_stage:
-        check("grpo completions/s vs TRL", by_stage["grpo"]["samples_ratio"], 1.5)
+    for stage in GRPO_SHAPES:
+        if stage in by_stage:
+            check(f"{stage} completions/s vs TRL", by_stage[stage]["samples_ratio"], 1.5)
     for row in rows:
         check(f"{row['stage']} peak RSS vs TRL", row["rss_ratio"], 0.8, at_most=True)
     if "sft_padded" in by_stage and "sft_packed" in by_stage:
@@ -483,13 +481,16 @@ def main(argv: list[str] | None = None) -> None:
                 order = args.systems if (repeat + STAGES.index(stage)) % 2 == 0 else args.systems[::-1]
                 for system in order:
                     run_index += 1
-                    result = figures(launch(system, stage, files, work_dir, run_index, args.max_steps, args.set,
-                                            args.user_defaults))
+                    raw = launch(system, stage, files, work_dir, run_index, args.max_steps, args.set,
+                                 args.user_defaults)
+                    result = figures(raw)
                     results[(system, stage)].append(result)
+                    shares = "  ".join(f"{phase} {share:.0%}" for phase, share in raw.get("time_shares", {}).items()
+                                       if share >= 0.005)  # alignflow's online steps: where the time went
                     print(f"[{repeat + 1}/{args.repeats}] {stage:>15} {system:>9}: "
                           f"{result['tokens_per_second']:8.0f} tok/s  {result['samples_per_second']:7.1f} samples/s  "
                           f"{result['peak_rss_mb']:5.0f} MB  loss {result['loss']:.4f}  "
-                          f"({result['wall_seconds']:.0f} s)", flush=True)
+                          f"({result['wall_seconds']:.0f} s){'  ' + shares if shares else ''}", flush=True)
     print(f"\nmodel: Llama {NUM_LAYERS}x{HIDDEN_SIZE} (MLP {INTERMEDIATE_SIZE}), char tokenizer; batch {BATCH_SIZE}; "
           f"fp32; {NUM_THREADS} threads; steps {args.max_steps or 'one epoch'}; medians of {args.repeats}; "
           "x = alignflow / TRL, the median of each repeat's own ratio")

@@ -25,7 +25,10 @@ def test_every_stage_config_is_a_valid_alignflow_config(stage, tmp_path):
     config = build_config(kind, raw)
     assert config.train.num_threads == side_by_side.NUM_THREADS and config.train.mixed_precision == "no"
     if kind == "grpo":
+        prompts, generations, new_tokens = side_by_side.GRPO_SHAPES[stage]
         assert config.grpo.beta == 0.0 and config.grpo.num_episodes == 4
+        assert (config.grpo.rollout_batch_size, config.grpo.num_generations) == (prompts, generations)
+        assert config.grpo.mini_batch_size == prompts * generations and config.generation.max_new_tokens == new_tokens
     else:
         assert config.train.max_steps == 4 and config.train.micro_batch_size == side_by_side.BATCH_SIZE
     if kind == "dpo":

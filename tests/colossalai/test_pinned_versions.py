@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 from trainer.data.collate import pack_sft, pad_sft  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
-from trainer.parallel.booster import make_plugin  # noqa: E402
+from trainer.parallel.plugins import make_plugin  # noqa: E402
 from trainer.runtime import DistributedEnv  # noqa: E402
 
 

@@ -19,7 +19,8 @@ from trainer.algorithms.ppo import response_logps  # noqa: E402
 from trainer.config import GenerationConfig, LoraConfig, ModelConfig, RolloutConfig  # noqa: E402
 from trainer.data.tokenize import encode_prompt  # noqa: E402
 from trainer.modeling.models import export_model, load_causal_lm, load_tokenizer  # noqa: E402
-from trainer.online.engines import EngineSetup, HFGenerateEngine, build_rollout_engine  # noqa: E402
+from trainer.online.engine_registry import build_rollout_engine  # noqa: E402
+from trainer.online.engines import EngineSetup, HFGenerateEngine  # noqa: E402
 from trainer.online.rollout import decode_responses, sample  # noqa: E402
 from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
 

@@ -1,5 +1,10 @@
 """The experience-driven training API of Trinity-RFT: `Trainer`, `TrainEngineWrapper`, `get_trainer_wrapper`.
 
+`Trainer` is defined here; the interface it drives, `TrainEngineWrapper`, is
+`trainer.asynchronous.engine_wrapper`, and `get_trainer_wrapper` (which picks the implementation)
+`trainer.asynchronous.wrapper_factory`. Both are importable from here, as Trinity-RFT users expect;
+a `Trainer` is handed its wrapper (`engine=`) or builds the config's own.
+
 Seed: `trinity/trainer/trainer.py` (the newer API: `prepare`, `train_step` and `need_sync` are
 coroutines; `sync_weight` returns a dict of metrics; `save_checkpoint` is a plain method that
 returns one). A `Trainer` takes batches of experience from a buffer that an explorer fills
@@ -41,80 +46,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from abc import ABC, abstractmethod
 
 from trainer.asynchronous.buffer import ExperienceBuffer, ExplorerError, FileBuffer, buffer_dir
+from trainer.asynchronous.engine_wrapper import TrainEngineWrapper
 from trainer.asynchronous.staleness import is_too_stale
 from trainer.asynchronous.synchronizer import Synchronizer
-from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig, StageConfig
-from trainer.errors import AlignflowError, ConfigError, WaitTimeout
+from trainer.asynchronous.wrapper_factory import get_trainer_wrapper
+from trainer.config import OnlineStageConfig
+from trainer.errors import AlignflowError, WaitTimeout
 from trainer.lifecycle import preemption
 from trainer.online.experience import Experience
 from trainer.tracking.tracker import NullTracker, Tracker
 
 logger = logging.getLogger(__name__)
-
-
-class TrainEngineWrapper(ABC):
-    """What the `Trainer` needs from a training backend (the seed's abstract methods, plus `tracker` and `close`)."""
-
-    buffer_position: int = 0
-    """Number of the last buffer batch consumed (trained on or rejected); checkpoints record it and
-    `prepare` restores it, so a resumed trainer reads the batch after it."""
-    num_rejected: int = 0
-    """Batches rejected as too stale so far in the run (checkpointed with the position)."""
-
-    def discardable_buffer_position(self) -> int:
-        """Buffer batches up to this position are covered by durable checkpoints and may be deleted."""
-        return 0
-
-    @abstractmethod
-    async def prepare(self) -> None:
-        """Load models and optimizers, resume from the latest checkpoint, open the outputs."""
-
-    @property
-    @abstractmethod
-    def train_step_num(self) -> int:
-        """Trainer steps done so far (restored on resume); also the policy's weight version."""
-
-    @abstractmethod
-    async def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
-        """Train on a batch of experiences; return the step's metrics."""
-
-    @abstractmethod
-    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> None:
-        """Save a resumable checkpoint (in the background unless `block_until_saved`); `save_as_hf` also
-        exports the model(s) in Hugging Face format and publishes the run's outputs."""
-
-    @abstractmethod
-    def sync_weight(self) -> None:
-        """Push the policy to explorers over a collective group (the seed's "nccl" sync method)."""
-
-    @abstractmethod
-    def upload_state_dict(self) -> None:
-        """Hand the policy's full state dict to the in-process synchronizer (the seed's "memory" sync)."""
-
-    @abstractmethod
-    def save_state_dict(self) -> None:
-        """Publish the policy as a numbered version in the weights directory (the seed's "checkpoint" sync)."""
-
-    @property
-    @abstractmethod
-    def tracker(self) -> Tracker:
-        """Where the run's metrics go (valid after `prepare`)."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Wait for background saves and close the tracker."""
-
-
-def get_trainer_wrapper(config: StageConfig, synchronizer: Synchronizer | None = None) -> TrainEngineWrapper:
-    """The engine for a config: the native torch engine for PPO and GRPO."""
-    if isinstance(config, (PPOConfig, GRPOConfig)):
-        from trainer.asynchronous.verl.verl_trainer import TorchTrainEngine
-
-        return TorchTrainEngine(config, synchronizer)
-    raise ConfigError(f"no experience-driven engine for {type(config).__name__}; it supports ppo and grpo")
 
 
 class Trainer:
@@ -127,13 +71,14 @@ class Trainer:
             (a `QueueBuffer` serves an explorer thread in the same process).
         synchronizer: Publish weights to this in-process synchronizer instead of the weights
             directory (for an explorer thread in the same process).
+        engine: The training backend; default `get_trainer_wrapper(config, synchronizer)`.
     """
 
     def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None,
-                 synchronizer: Synchronizer | None = None) -> None:
+                 synchronizer: Synchronizer | None = None, engine: TrainEngineWrapper | None = None) -> None:
         self.config = config
         self.options = config.asynchronous
-        self.engine = get_trainer_wrapper(config, synchronizer)
+        self.engine = engine if engine is not None else get_trainer_wrapper(config, synchronizer)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self.sync_method = "memory" if synchronizer is not None else "checkpoint"
         self.sync_interval = self.options.sync_interval

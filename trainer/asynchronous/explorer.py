@@ -39,12 +39,14 @@ from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
-from trainer.online.engines import build_rollout_engine, engine_setup
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import engine_setup
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
 from trainer.online.reward_sources import build_scorer
 from trainer.online.rollout import generate_and_score
 from trainer.runtime import pick_device, read_distributed_env
+from trainer.tracking.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Explorer:
         self.tokenizer = load_tokenizer(config.model.path)
         self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
         self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
+        self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
         self.scorer = build_scorer(config, self.device)
         self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
@@ -111,7 +114,9 @@ class Explorer:
     def make_batch(self) -> Experience:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        self.timer.reset()
+        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
+                                     self.timer)
         behaviour_logps = rollout.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
         if behaviour_logps is None:
             behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
@@ -148,5 +153,6 @@ class Explorer:
             seed_everything(self.config.train.seed + 1000 + number)
             number = self.buffer.put(self.make_batch())
             written += 1
-            logger.info("explorer wrote batch %d with weight version %d", number, self.version)
+            logger.info("explorer wrote batch %d with weight version %d (generate %.2f s, score %.2f s)", number,
+                        self.version, self.timer.seconds["generate"], self.timer.seconds["score"])
         return written, True

@@ -36,7 +36,8 @@ from trainer.lifecycle import preemption
 from trainer.lifecycle.lease import Lease
 from trainer.lifecycle.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
 from trainer.modeling.models import export_model, load_tokenizer
-from trainer.parallel.booster import Booster, Plugin, build_booster, make_plugin, unwrap_model
+from trainer.parallel.booster import Booster, Plugin, build_booster, unwrap_model
+from trainer.parallel.plugins import make_plugin
 from trainer.runtime import (
     DistributedEnv,
     any_rank_failed,

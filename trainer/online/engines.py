@@ -16,23 +16,27 @@ its layers (a collective), so it samples with `synced_gpus=True`: a rank whose r
 keeps running forwards until every rank's have, and all ranks make the same number of calls.
 
 `vllm` (`trainer.online.vllm_engine`) keeps its own copy of the weights in vLLM's offline engine and
-returns vLLM's per-token log-probs; it is imported only when asked for, so nothing here needs vLLM.
-An engine that keeps its own weights is built from an `EngineSetup` (where the initial weights are,
-the seed, the LoRA scale to merge adapters with). Another engine (SGLang) is a third subclass,
-registered in `ROLLOUT_ENGINES` and added to `RolloutConfig.engine`'s choices.
+returns vLLM's per-token log-probs. An engine that keeps its own weights is built from an
+`EngineSetup` (where the initial weights are, the seed, the LoRA scale to merge adapters with).
+
+This module is the interface (and the default engine); it imports no other engine. The engine a
+config names is built by `trainer.online.engine_registry.build_rollout_engine`, which imports vLLM
+only when asked for; the loops take the engine they sample with as an argument. Another engine
+(SGLang) is a third subclass, registered in `engine_registry.ROLLOUT_ENGINES` and added to
+`RolloutConfig.engine`'s choices.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from trainer.config import GenerationConfig, OnlineStageConfig, RolloutConfig
+from trainer.config import GenerationConfig, OnlineStageConfig
 from trainer.parallel.booster import unwrap_model
 
 
@@ -172,42 +176,6 @@ def cpu_threads(count: int | None) -> Iterator[None]:
     finally:
         if count is not None:
             torch.set_num_threads(previous)
-
-
-def build_vllm_engine(policy: nn.Module | None, config: RolloutConfig, setup: EngineSetup | None) -> RolloutEngine:
-    from trainer.online.vllm_engine import VLLMEngine  # imports vLLM: only when asked for
-
-    if setup is None:
-        raise ValueError("the vllm engine needs an EngineSetup (where its weights start)")
-    return VLLMEngine(config, setup)  # sync_from is handed the policy
-
-
-ROLLOUT_ENGINES: dict[str, Callable[[nn.Module | None, RolloutConfig, EngineSetup | None], RolloutEngine]] = {
-    "hf": lambda policy, config, setup: HFGenerateEngine(policy, config.num_threads),
-    "vllm": build_vllm_engine,
-}
-
-
-def build_rollout_engine(config: RolloutConfig, policy: nn.Module | None,
-                         setup: EngineSetup | None = None) -> RolloutEngine:
-    """The engine `rollout.engine` names, set up to sample with `policy`'s weights.
-
-    Args:
-        config: The `rollout` section.
-        policy: The model whose weights are sampled (`hf` samples with it; `vllm` starts from
-            `setup.model_path` and takes this model's weights at `sync_from`); None only where the
-            engine is built from `setup` alone (evaluation of a saved model with `vllm`).
-        setup: Where an engine with its own weights starts (`engine_setup` for a stage).
-
-    Returns:
-        The engine.
-    """
-    if config.engine not in ROLLOUT_ENGINES:  # the config's choices and this table are kept in step
-        from trainer.errors import ConfigError
-
-        raise ConfigError(f"rollout.engine: unknown engine {config.engine!r}; expected one of "
-                          f"{', '.join(sorted(ROLLOUT_ENGINES))}")
-    return ROLLOUT_ENGINES[config.engine](policy, config, setup)
 
 
 def as_engine(sampler: RolloutEngine | nn.Module) -> RolloutEngine:

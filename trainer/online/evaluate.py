@@ -24,7 +24,8 @@ from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
-from trainer.online.engines import EngineSetup, RolloutEngine, build_rollout_engine
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import EngineSetup, RolloutEngine
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
 from trainer.online.rollout import ScoredRollout, generate_and_score
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env

@@ -14,213 +14,48 @@ the weights that sampled it (`is_exactly_on_policy`; the objective then takes th
 as constants, `ppo.old_or_current_logps`). Responses are sampled through the configured
 `RolloutEngine` (`trainer.online.engines`).
 
-The pieces the asynchronous engine (`trainer.asynchronous`) shares with this loop are module
-functions here, so each exists once: `compute_advantages`, `build_actor_objective`,
-`build_critic_objective`, `critic_metric_names`, `build_kl_controller`, `needs_reference` and
-`micro_batches`.
+The algorithm glue the asynchronous engine (`trainer.asynchronous.verl`) shares with this loop
+lives in `trainer.algorithms` (`online_advantages.compute_advantages`, `online_objectives`'s
+objectives, `kl_control.build_kl_controller`/`needs_reference`) and the batching in
+`trainer.online.batches`, so each exists once.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from trainer.algorithms.advantages import (
-    group_advantages,
-    informative_rows,
-    moment_sums,
-    moments,
-    normalise,
-    overlong_penalty,
-    reinforce_returns,
-    rloo_advantages,
-    sequence_kl_penalty,
+from trainer.algorithms.kl_control import build_kl_controller
+from trainer.algorithms.online_advantages import GRPO_COUNTS, compute_advantages, grpo_metrics
+from trainer.algorithms.online_objectives import (
+    build_actor_objective,
+    build_critic_objective,
+    critic_metric_names,
+    is_exactly_on_policy,
 )
-from trainer.algorithms.grpo import GRPOObjective
-from trainer.algorithms.ppo import (
-    AdaptiveKLController,
-    PPOActorObjective,
-    PPOCriticObjective,
-    gae_advantages,
-    kl_estimate,
-    response_logps,
-    response_values,
-    shape_rewards,
-    whiten,
-)
+from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.update import NonFiniteGuard, train_step
 from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
-from trainer.online.engines import RolloutEngine, build_rollout_engine, engine_setup
+from trainer.online.batches import micro_batches
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import RolloutEngine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
-from trainer.online.rollout import generate_and_score
+from trainer.online.rollout import SAMPLES_KEPT, generate_and_score
 from trainer.parallel.booster import Booster
 from trainer.runtime import all_reduce_sum
+from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
-SAMPLES_KEPT = 5
-GRPO_COUNTS = ("rows", "dropped_groups", "truncated", "overlong_penalty")  # what `grpo_advantages` counts in `info`
-
-
-# -- shared with the asynchronous engine ----------------------------------------------------------
-
-
-def compute_advantages(experience: Experience, config: OnlineStageConfig, kl_coef: float) -> Experience:
-    """Rewards and advantages of a batch whose log-probs (and, for PPO, values) are filled in.
-
-    PPO: per-token KL-shaped rewards from `old_logps` and `ref_logps`, GAE, optional whitening.
-    GRPO: `grpo_advantages`. Returns a copy with `rewards`/`returns` (PPO) and `advantages` set.
-    """
-    if isinstance(config, GRPOConfig):
-        return grpo_advantages(experience, config)
-    mask = experience.action_mask.float()  # (B, T)
-    options = config.ppo
-    if experience.ref_logps is None:  # no reference (kl_coef 0, `needs_reference`): no KL penalty to shape
-        kl = torch.zeros_like(mask)
-    else:
-        kl = kl_estimate(experience.old_logps, experience.ref_logps, options.kl_estimator) * mask
-    rewards = shape_rewards(experience.scores, kl, mask, kl_coef=kl_coef, reward_clip=options.reward_clip)
-    advantages, returns = gae_advantages(rewards, experience.values, mask, gamma=options.gamma, lam=options.lam)
-    if options.whiten_advantages:
-        advantages = whiten(advantages, mask)
-    return replace(experience, rewards=rewards, advantages=advantages, returns=returns)
-
-
-def batch_moments(values: torch.Tensor, mask: torch.Tensor):
-    """Mean and std of `values` where `mask` is 1, over every rank's rows (a collective: every rank calls it)."""
-    return moments(all_reduce_sum(moment_sums(values.float(), mask)))
-
-
-def grpo_advantages(experience: Experience, config: GRPOConfig) -> Experience:
-    """GRPO's shaped scores, advantages and loss mask (`trainer.algorithms.advantages` has the formulas).
-
-    Rows come in groups of `num_generations`. The overlong penalty is added to the scores first;
-    dynamic sampling then drops groups whose (shaped) scores are all equal from the loss and from the
-    batch statistics, and `mask_truncated_completions` drops truncated responses from the loss only
-    (they still shape their group's baseline, as in TRL). `info` counts what was dropped and added,
-    for the episode's metrics (`grpo_metrics`).
-    """
-    options = config.grpo
-    mask = experience.action_mask.float()  # (B, T)
-    scores = experience.scores.float()  # (B,)
-    penalty = torch.zeros_like(scores)
-    if options.overlong_buffer_length is not None:
-        penalty = overlong_penalty(mask.sum(-1), max_length=config.generation.max_new_tokens,
-                                   buffer_length=options.overlong_buffer_length, factor=options.overlong_penalty_factor)
-        scores = scores + penalty
-    n = options.num_generations
-    kept = informative_rows(scores, n) if options.dynamic_sampling else torch.ones_like(scores)  # (B,)
-    truncated = experience.truncated if experience.truncated is not None else torch.zeros_like(scores)
-    has_kl = experience.ref_logps is not None and options.beta > 0 and not options.kl_in_loss
-    kl = (experience.old_logps - experience.ref_logps) * mask if has_kl else torch.zeros_like(mask)  # k1, (B, T)
-    scale = options.resolved_scale_rewards
-    if options.advantage_estimator == "grpo":
-        batch = batch_moments(scores, kept) if scale == "batch" else None
-        advantages = group_advantages(scores, n, scale=scale, batch=batch)[:, None] * mask  # (B, T)
-    elif options.advantage_estimator == "rloo":
-        per_row = rloo_advantages(sequence_kl_penalty(scores, kl, mask, kl_coef=options.beta), n)  # (B,)
-        if scale == "batch":
-            per_row = normalise(per_row, batch_moments(per_row, kept))
-        advantages = per_row[:, None] * mask
-    else:  # reinforce_plus_plus
-        advantages = reinforce_returns(scores, kl, mask, kl_coef=options.beta, gamma=options.gamma)  # (B, T)
-        if scale == "batch":
-            advantages = normalise(advantages, batch_moments(advantages, mask * kept[:, None]), mask)
-    keep_in_loss = kept * (1 - truncated) if options.mask_truncated_completions else kept  # (B,)
-    info = {"rows": float(len(scores)), "dropped_groups": float((1 - kept).sum()) / n,
-            "truncated": float(truncated.sum()), "overlong_penalty": float(penalty.sum())}
-    return replace(experience, advantages=advantages, loss_mask=mask * keep_in_loss[:, None],
-                   info={**experience.info, **info})
-
-
-def grpo_metrics(info: dict[str, float]) -> dict[str, float]:
-    """The episode metrics of `grpo_advantages`' counts (summed over a batch's parts and ranks)."""
-    rows = max(info.get("rows", 0.0), 1.0)
-    return {"episode/dropped_groups": info.get("dropped_groups", 0.0),
-            "episode/truncated_fraction": info.get("truncated", 0.0) / rows,
-            "episode/overlong_penalty": info.get("overlong_penalty", 0.0) / rows}
-
-
-def needs_reference(config: OnlineStageConfig) -> bool:
-    """Whether the stage reads a frozen reference: GRPO with `beta` > 0; PPO with a KL penalty
-    (`kl_coef` > 0) or a KL target. Without one, no reference model is loaded or run."""
-    if isinstance(config, GRPOConfig):
-        return config.grpo.beta > 0
-    return config.ppo.kl_coef > 0 or config.ppo.target_kl is not None
-
-
-def is_exactly_on_policy(config: OnlineStageConfig, sample_buffer: bool = False) -> bool:
-    """Whether an episode takes exactly one optimizer step, on all of its experience.
-
-    That step runs on the weights that sampled the rollout, so the "old" log-probs equal the
-    current ones and need no forward of their own. With several minibatches or epochs, every step
-    after the first sees updated weights and needs the old log-probs of the rollout.
-    """
-    options = config.algorithm
-    rows_per_rank = options.rollout_batch_size * options.num_collect_steps * config.num_generations
-    return options.num_update_epochs == 1 and (sample_buffer or rows_per_rank <= options.mini_batch_size)
-
-
-def build_actor_objective(config: OnlineStageConfig) -> Any:
-    """The policy objective of the stage: GRPO's, or PPO's clipped surrogate (+ entropy, ptx)."""
-    if isinstance(config, GRPOConfig):
-        options = config.grpo
-        return GRPOObjective(
-            epsilon=options.epsilon, epsilon_high=options.epsilon_high,
-            beta=options.beta if options.kl_in_loss else 0.0, loss_type=options.loss_type,
-            importance_sampling_level=options.importance_sampling_level,
-            max_completion_length=config.generation.max_new_tokens,
-            sapo_temperatures=(options.sapo_temperature_pos, options.sapo_temperature_neg),
-            vespo_shape=(options.vespo_k_pos, options.vespo_lambda_pos, options.vespo_k_neg, options.vespo_lambda_neg),
-            use_bias_correction_kl=options.use_bias_correction_kl)
-    options = config.ppo
-    return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
-
-
-def build_critic_objective(config: OnlineStageConfig) -> Any:
-    """PPO's clipped value objective (GRPO has no critic)."""
-    return PPOCriticObjective(cliprange_value=config.ppo.cliprange_value, vf_coef=config.ppo.vf_coef)
-
-
-def critic_metric_names(metrics: dict[str, float]) -> dict[str, float]:
-    """The critic's step metrics under the names `trainer.algorithms.ppo` documents (`critic/grad_norm`, ...)."""
-    return {k if k.startswith("value") else f"critic/{k}": v for k, v in metrics.items()}
-
-
-def build_kl_controller(config: OnlineStageConfig) -> AdaptiveKLController:
-    """PPO's reward KL coefficient (adaptive with `target_kl`); GRPO's is 0 (its KL is in the loss, `beta`)."""
-    if isinstance(config, GRPOConfig):
-        return AdaptiveKLController(0.0, None, 1)
-    options = config.ppo
-    return AdaptiveKLController(options.kl_coef, options.target_kl, options.kl_horizon)
-
-
-def to_device(experience: Experience, device: torch.device, pin_memory: bool = False) -> Experience:
-    """`experience` on `device`; CPU tensors bound for CUDA are pinned first when `pin_memory`, then
-    copied without blocking (what the seed's `dataloader_pin_memory` asks of its DataLoader)."""
-    if not (pin_memory and device.type == "cuda"):
-        return experience.to(device)
-    moved = {name: (tensor.pin_memory() if tensor.device.type == "cpu" else tensor).to(device, non_blocking=True)
-             for name, tensor in experience.as_batch().items()}
-    return replace(experience, **moved)
-
-
-def micro_batches(minibatch: Experience, micro_batch_size: int, device: torch.device,
-                  ptx: dict[str, torch.Tensor] | None = None, pin_memory: bool = False) -> list[dict]:
-    """The micro-batches of one optimizer step, on `device`; each carries the ptx batch when given."""
-    batches = [m.as_batch() for m in to_device(minibatch, device, pin_memory).split(micro_batch_size)]
-    if ptx is not None:
-        for batch in batches:
-            batch.update(ptx_input_ids=ptx["input_ids"].to(device), ptx_labels=ptx["labels"].to(device))
-    return batches
 
 
 class PPOTrainer(OLTrainer):
@@ -277,13 +112,16 @@ class PPOTrainer(OLTrainer):
         self.last_metrics: dict[str, float] = {}
         self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
         self._experience: Experience | None = None  # the episode's experience, once concatenated
+        self.timer = PhaseTimer()  # where each episode's time goes (`perf/time/*`)
+        self._episode_sizes = (0.0, 0.0)  # the episode's response tokens and responses, all ranks
 
     # -- collect ------------------------------------------------------------------------------------
 
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
+                                     self.timer)
         self.samples = rollout.samples(SAMPLES_KEPT)
         return rollout.batch, rollout.scores
 
@@ -291,7 +129,8 @@ class PPOTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._experience = None  # a new episode
-            self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
+            with self.timer.phase("sync_weights"):
+                self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
         batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
         return self.annotate(batch, scores)
 
@@ -303,12 +142,17 @@ class PPOTrainer(OLTrainer):
         (for the KL-shaped rewards and `episode/kl_to_ref`); reference log-probs without a reference.
         """
         mask = batch["action_mask"].float()
-        values = response_values(self.critic, batch) * mask if self.critic is not None else None
+        values = old_logps = ref_logps = None
+        if self.critic is not None:
+            with self.timer.phase("values"):
+                values = response_values(self.critic, batch) * mask
         has_reference = self.ref_model is not None
-        old_logps = None
         if has_reference or not is_exactly_on_policy(self.config, self.sample_buffer):
-            old_logps = response_logps(self.actor, batch) * mask
-        ref_logps = response_logps(self.ref_model, batch) * mask if has_reference else None
+            with self.timer.phase("logps_old"):
+                old_logps = response_logps(self.actor, batch) * mask
+        if has_reference:
+            with self.timer.phase("logps_ref"):
+                ref_logps = response_logps(self.ref_model, batch) * mask
         experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
                                 version=version)
         return compute_advantages(experience, self.config, self.kl_controller.value)
@@ -346,7 +190,10 @@ class PPOTrainer(OLTrainer):
         ptx = self.ptx_batches[self.global_step % len(self.ptx_batches)] if self.ptx_batches else None
         batches = micro_batches(minibatch, self.config.train.micro_batch_size, self.device, ptx,
                                 self.dataloader_pin_memory)
-        step = self.global_step + 1
+        with self.timer.phase("update"):
+            return self._update(batches, self.global_step + 1)
+
+    def _update(self, batches: list[dict], step: int) -> dict[str, float]:
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
                              build_actor_objective(self.config), self.config.optimizer.max_grad_norm)
         self.nonfinite.observe(metrics, step)  # a TrainingError after too many in a row
@@ -374,6 +221,7 @@ class PPOTrainer(OLTrainer):
         local = torch.tensor([experience.scores.float().sum().item(), mask.sum().item(), kl_to_ref.sum().item(),
                               float(len(experience)), *counts], dtype=torch.float64, device=mask.device)
         score, tokens, kl, count, *counts = all_reduce_sum(local).tolist()
+        self._episode_sizes = (tokens, count)
         metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
                    "episode/kl_coef": self.kl_controller.value}
         if isinstance(self.config, GRPOConfig):
@@ -384,6 +232,16 @@ class PPOTrainer(OLTrainer):
         self.tracker.log_metrics(metrics, self.global_step)
         logger.info("episode %d: reward %.3f, length %.1f%s", self.num_episodes_done, metrics["episode/reward_mean"],
                     metrics["episode/response_length"], f", kl {kl / count:.4f}" if has_kl else "")
+
+    @contextmanager
+    def _episode_ctx(self, episode: int) -> Iterator[None]:
+        """The episode's hooks (`OLTrainer`), timed: its `perf/` breakdown is logged when it ends."""
+        self.timer.reset()
+        self._episode_sizes = (0.0, 0.0)
+        with super()._episode_ctx(episode):
+            yield
+        tokens, completions = self._episode_sizes
+        self.tracker.log_metrics(self.timer.metrics(tokens=tokens, completions=completions), self.global_step)
 
     # -- checkpoints --------------------------------------------------------------------------------
 
@@ -437,7 +295,7 @@ class PPOTrainer(OLTrainer):
 class GRPOTrainer(PPOTrainer):
     """GRPO: `num_generations` responses per prompt, group-normalised advantages, no critic.
 
-    Everything GRPO-specific is chosen from the config by the shared functions above.
+    Everything GRPO-specific is chosen from the config by the shared functions in `trainer.algorithms`.
     """
 
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from trainer.config import GenerationConfig
 from trainer.data.tokenize import encode_prompt
 from trainer.online.engines import RolloutEngine, as_engine
+from trainer.tracking.timing import PhaseTimer
 
 
 def stop_token_ids(tokenizer: Any, options: GenerationConfig) -> list[int]:
@@ -93,6 +94,8 @@ def decode_responses(tokenizer: Any, batch: dict[str, Tensor]) -> list[str]:
         texts.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
     return texts
 
+SAMPLES_KEPT = 5  # (prompt, response, score) triples of the latest rollout kept for reports
+
 
 @dataclass(slots=True)
 class ScoredRollout:
@@ -112,16 +115,21 @@ class ScoredRollout:
 
 @torch.no_grad()
 def generate_and_score(sampler: RolloutEngine | nn.Module, tokenizer: Any, rows: list[dict],
-                       options: GenerationConfig, device: torch.device, scorer: Any) -> ScoredRollout:
+                       options: GenerationConfig, device: torch.device, scorer: Any,
+                       timer: PhaseTimer | None = None) -> ScoredRollout:
     """Generate one response per row (`prompt`, optional `answer`, `prompt_ids` where the dataset encoded it),
     decode it and score it.
 
     Every path that samples and scores (the PPO/GRPO rollout, evaluation, the explorer) calls this,
-    with its rollout engine (or a model, sampled by the default `hf` engine).
+    with its rollout engine (or a model, sampled by the default `hf` engine). `timer`, where given, gets the
+    sampling time as phase `generate` and the decoding and scoring time as `score`.
     """
+    timer = timer or PhaseTimer()
     prompt_ids = [row["prompt_ids"] if "prompt_ids" in row else encode_prompt(tokenizer, row["prompt"]) for row in rows]
-    batch, engine_logps = sample(sampler, tokenizer, prompt_ids, options, device)
-    prompts = [str(row["prompt"]) for row in rows]
-    responses = decode_responses(tokenizer, batch)
-    scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])
+    with timer.phase("generate"):
+        batch, engine_logps = sample(sampler, tokenizer, prompt_ids, options, device)
+    with timer.phase("score"):
+        prompts = [str(row["prompt"]) for row in rows]
+        responses = decode_responses(tokenizer, batch)
+        scores = scorer(batch, prompts, responses, [row.get("answer") for row in rows])
     return ScoredRollout(batch, prompts, responses, scores, engine_logps)

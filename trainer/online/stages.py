@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from trainer.algorithms.kl_control import needs_reference
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
@@ -30,7 +31,7 @@ from trainer.lifecycle.context import (
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.experience import ReplayBuffer
-from trainer.online.loop import PPOTrainer, needs_reference, trainer_class
+from trainer.online.loop import PPOTrainer, trainer_class
 from trainer.online.reward_sources import build_scorer
 from trainer.parallel.booster import Booster, Plugin, build_booster
 

@@ -11,6 +11,9 @@ booster. Plugins say where the process stands (world size, rank, device) and how
   backward, step and checkpoints go through ColossalAI's own `Booster` and one of its plugins
   (TorchDDP, LowLevelZero, Gemini, HybridParallel); `build_booster` picks its `ColossalAIBooster`.
 
+`trainer.parallel.plugins.make_plugin` builds the plugin a config names; this module imports no
+other plugin module.
+
 Checkpoints hold *full* (unsharded) state dicts in one file each, written by rank 0 and read by
 every rank, so a checkpoint written under one plugin or world size loads under another. Under FSDP2
 they are written in shards by every rank instead (`trainer.checkpointing.sharded`, no gather), and
@@ -23,16 +26,12 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainer.errors import ConfigError
 from trainer.runtime import DistributedEnv
-
-if TYPE_CHECKING:
-    from trainer.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -117,39 +116,6 @@ class FSDP2Plugin(Plugin):
                     fully_shard(layer)
         fully_shard(model)
         return model
-
-
-PLUGINS: dict[str, type[Plugin]] = {
-    "single": SinglePlugin,
-    "ddp": DDPPlugin,
-    "fsdp2": FSDP2Plugin,
-}
-
-
-def make_plugin(parallel: ParallelConfig, env: DistributedEnv, device: torch.device,
-                max_grad_norm: float = 0.0) -> Plugin:
-    """Build the plugin named by `parallel.plugin`; `auto` is ddp with several processes, else single.
-
-    Args:
-        parallel: The stage's `parallel` section.
-        env: This process's place in the run.
-        device: Where this process trains.
-        max_grad_norm: `optimizer.max_grad_norm`; ColossalAI's sharded plugins clip inside their
-            optimizer step, so they need it when they are built.
-
-    Returns:
-        The plugin; `colossalai` imports ColossalAI (`trainer.parallel.colossalai_booster`) only then.
-    """
-    name = parallel.plugin
-    if name == "auto":
-        name = "ddp" if env.is_distributed else "single"
-    if name == "single" and env.is_distributed:
-        raise ConfigError(f"parallel.plugin is 'single' but WORLD_SIZE is {env.world_size}; use ddp or fsdp2")
-    if name == "colossalai":
-        from trainer.parallel.colossalai_booster import ColossalAIPlugin
-
-        return ColossalAIPlugin(env, device, parallel.colossalai_options, max_grad_norm)
-    return PLUGINS[name](env, device)
 
 
 def build_booster(plugin: Plugin, mixed_precision: str = "auto") -> Booster:

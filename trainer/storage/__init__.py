@@ -4,6 +4,7 @@
 checkpoints, models or experience goes through it and never imports boto3 itself.
 """
 
-from trainer.storage.base import Storage, get_storage, is_remote, join_uri
+from trainer.storage.base import Storage, is_remote, join_uri
+from trainer.storage.factory import get_storage
 
 __all__ = ["Storage", "get_storage", "is_remote", "join_uri"]

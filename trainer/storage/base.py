@@ -1,4 +1,8 @@
-"""The `Storage` protocol and the choice of backend by URI scheme."""
+"""The `Storage` protocol and the URI helpers every backend shares.
+
+The choice of backend by URI scheme is `trainer.storage.factory.get_storage`: this interface imports
+no backend.
+"""
 
 from __future__ import annotations
 
@@ -77,15 +81,3 @@ def join_uri(base: str | Path, *parts: str) -> str:
     text = str(base).rstrip("/")
     return "/".join([text, *(p.strip("/") for p in parts)])
 
-
-def get_storage(uri: str | Path) -> Storage:
-    """The backend for `uri`: S3 for `s3://` and `minio://`, the local filesystem for paths and `file://`."""
-    text = str(uri)
-    if text.startswith(S3_SCHEMES):
-        from trainer.storage.s3 import S3Storage
-
-        return S3Storage.shared()
-    check_scheme(text)
-    from trainer.storage.local import LocalStorage
-
-    return LocalStorage()

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from trainer.errors import StorageError
-from trainer.storage.base import get_storage, is_remote
+from trainer.storage.base import is_remote
+from trainer.storage.factory import get_storage
 from trainer.storage.local import local_path
 
 

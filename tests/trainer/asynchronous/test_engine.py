@@ -121,6 +121,10 @@ def test_batches_are_deleted_only_under_a_checkpoint_and_a_resumed_trainer_reads
     asyncio.run(resumed())
     steps = [line for line in metric_lines(run) if "loss" in line]
     assert [(line["step"], line["buffer/position"]) for line in steps] == [(s, s) for s in range(1, 7)]  # each once
+    for line in steps:  # where each trainer step's time went (the explorer samples and scores: not here)
+        assert line["perf/time/logps_old"] > 0 and line["perf/time/update"] > 0 and line["perf/time/generate"] == 0
+        timed = sum(value for key, value in line.items() if key.startswith("perf/time/") and key != "perf/time/step")
+        assert timed <= line["perf/time/step"] and line["perf/completions_per_second"] > 0
     assert FileBuffer(directory).batch_numbers() == [] and FileBuffer(directory).discarded_through() == 6
     assert (run / "model" / "model.safetensors").is_file()
 

@@ -13,7 +13,8 @@ from trainer.config import GenerationConfig, RolloutConfig, build_config
 from trainer.data.tokenize import encode_prompt
 from trainer.errors import ConfigError
 from trainer.modeling.models import load_causal_lm, load_tokenizer
-from trainer.online.engines import HFGenerateEngine, RolloutEngine, build_rollout_engine
+from trainer.online.engine_registry import build_rollout_engine
+from trainer.online.engines import HFGenerateEngine, RolloutEngine
 from trainer.online.rollout import generate, left_pad, stop_token_ids
 
 PROMPTS = ["1+2=", "12+30=", "7+7="]

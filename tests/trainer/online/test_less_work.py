@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from tests.conftest import make_config
+from trainer.algorithms.kl_control import needs_reference
+from trainer.algorithms.online_objectives import build_actor_objective, is_exactly_on_policy
 from trainer.algorithms.ppo import response_logps
 from trainer.lifecycle.context import build_context, close_context
-from trainer.online.loop import build_actor_objective, is_exactly_on_policy, needs_reference
 from trainer.online.stages import build_online_trainer
 
 

@@ -7,7 +7,7 @@ import torch
 from tests.conftest import make_config
 from tests.trainer.asynchronous.test_buffer import make_experience
 from trainer.lifecycle.context import build_context
-from trainer.online.loop import to_device
+from trainer.online.batches import to_device
 from trainer.online.stages import build_online_trainer
 
 
@@ -37,3 +37,39 @@ def test_sample_buffer_trains_one_sampled_minibatch_per_update_step(sample_buffe
     trainer.sample_buffer = sample_buffer
     trainer.fit(num_episodes=1, num_collect_steps=2, num_update_steps=3)
     assert trainer.global_step == expected_steps
+
+
+class RecordingTracker:
+    def __init__(self):
+        self.logged: list[tuple[dict, int]] = []
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((dict(metrics), step))
+
+
+@pytest.mark.parametrize(("stage", "timed", "untimed"), [
+    # PPO with a KL term: the critic's values, the old and reference log-probs all run.
+    ("ppo", {"generate", "score", "values", "logps_old", "logps_ref", "update"}, set()),
+    # GRPO without a KL term and one optimizer step per episode: no critic, no reference, no old log-probs.
+    ("grpo", {"generate", "score", "update"}, {"values", "logps_old", "logps_ref"}),
+])
+def test_each_episode_logs_where_its_time_went(stage, timed, untimed, tmp_path, tiny_model, task_files):
+    options = {"num_episodes": 2, "rollout_batch_size": 4, "mini_batch_size": 8}
+    options |= {"num_generations": 2, "beta": 0.0} if stage == "grpo" else {"rollout_batch_size": 8, "kl_coef": 0.05}
+    config = make_config(stage, tmp_path / stage, tiny_model, task_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 4}, reward={"function": "trainer.tiny.task:reward"},
+                         **{stage: options})
+    trainer = build_online_trainer(config, build_context(config))
+    trainer.tracker = RecordingTracker()
+    trainer.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1)
+    perf = [(metrics, step) for metrics, step in trainer.tracker.logged if "perf/time/step" in metrics]
+    episodes = [metrics for metrics, _ in trainer.tracker.logged if "episode/response_length" in metrics]
+    assert [step for _, step in perf] == [1, 2]  # one breakdown per episode, at its last optimizer step
+    for (metrics, _), episode in zip(perf, episodes):
+        assert all(metrics[f"perf/time/{name}"] > 0 for name in timed)
+        assert all(metrics[f"perf/time/{name}"] == 0 for name in untimed)
+        phases = sum(value for key, value in metrics.items() if key.startswith("perf/time/") and key != "perf/time/step")
+        assert phases <= metrics["perf/time/step"]
+        tokens = episode["episode/response_length"] * 8  # 8 responses an episode
+        assert metrics["perf/tokens_per_second"] == pytest.approx(tokens / metrics["perf/time/step"])
+        assert metrics["perf/completions_per_second"] == pytest.approx(8 / metrics["perf/time/step"])

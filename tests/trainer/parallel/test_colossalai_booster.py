@@ -39,7 +39,7 @@ def test_colossalai_plugin_without_colossalai_fails_in_one_line(tmp_path, tiny_m
         pytest.skip("colossalai is installed here (tests/colossalai covers it)")
     import torch
 
-    from trainer.parallel.booster import make_plugin
+    from trainer.parallel.plugins import make_plugin
     from trainer.runtime import DistributedEnv
 
     config = make_config("sft", tmp_path, tiny_model, task_files["sft_train"], parallel={"plugin": "colossalai"})

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.online.batches import to_device
 from trainer.online.experience import Experience, concat_experiences
-from trainer.online.loop import to_device
 
 
 @dataclass

@@ -6,7 +6,7 @@ Seed: `trinity/trainer/verl/dp_actor.py` (over verl's `DataParallelPPOActor`) an
 `update_policy`/`update_critic` take `num_update_epochs` passes over the step's batch in shuffled
 minibatches. Each minibatch is one call of `trainer.algorithms.update.train_step`, the optimizer
 step of every trainer path, with the objective the colocated loop builds
-(`trainer.online.loop.build_actor_objective`/`build_critic_objective`); the data-parallel part is
+(`trainer.algorithms.online_objectives.build_actor_objective`/`build_critic_objective`); the data-parallel part is
 the booster's plugin (DDP, FSDP2), not a wrapper of its own.
 
 Metrics: the objective's (`trainer.algorithms.ppo`/`grpo` list them) plus `grad_norm`, `lr` and
@@ -32,13 +32,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from trainer.algorithms.online_objectives import build_actor_objective, build_critic_objective, critic_metric_names
 from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.update import NonFiniteGuard, Objective, train_step
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.config import OnlineStageConfig
 from trainer.errors import TrainingError
+from trainer.online.batches import micro_batches
 from trainer.online.experience import Experience
-from trainer.online.loop import build_actor_objective, build_critic_objective, critic_metric_names, micro_batches
 from trainer.parallel.booster import Booster, Plugin
 
 

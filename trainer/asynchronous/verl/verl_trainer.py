@@ -8,13 +8,13 @@ recomputed as the proximal policy):
 1. `to_data_proto`: the step's experiences as one batch, with each row's weight version;
 2. `compute_log_prob` (`old_logps`), `compute_ref_log_prob` (`ref_logps`), PPO: `compute_values`;
 3. the importance correction of stale rows (`trainer.asynchronous.staleness`);
-4. rewards and advantages with `trainer.online.loop.compute_advantages`, as the colocated loop does;
+4. rewards and advantages with `trainer.algorithms.online_advantages.compute_advantages`, as the colocated loop does;
 5. PPO: `update_critic`; then `update_actor` (both through `trainer.algorithms.update.train_step`);
 6. metrics, and the adaptive KL coefficient moves as in the colocated loop.
 
 Metrics of a step: the actor's and critic's (`trainer.asynchronous.verl.dp_actor`), the batch's
 (`compute_data_metrics`; for GRPO also `episode/dropped_groups`, `episode/truncated_fraction` and
-`episode/overlong_penalty`, `trainer.online.loop.grpo_metrics`), `staleness/*`
+`episode/overlong_penalty`, `trainer.algorithms.online_advantages.grpo_metrics`), `staleness/*`
 (`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1 KL to the reference per sequence) and
 `kl/coef` (the reward's KL coefficient, PPO).
 
@@ -37,8 +37,10 @@ from typing import Any
 
 import torch
 
+from trainer.algorithms.kl_control import build_kl_controller
+from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
 from trainer.algorithms.update import NonFiniteGuard
-from trainer.asynchronous.engine import TrainEngineWrapper
+from trainer.asynchronous.engine_wrapper import TrainEngineWrapper
 from trainer.asynchronous.staleness import importance_correction, staleness_metrics
 from trainer.asynchronous.synchronizer import Synchronizer
 from trainer.asynchronous.verl.data_proto import DataProto, compute_data_metrics, to_data_proto
@@ -57,7 +59,8 @@ from trainer.lifecycle.context import (
     seed_everything,
 )
 from trainer.online.experience import Experience
-from trainer.online.loop import SAMPLES_KEPT, build_kl_controller, compute_advantages, grpo_metrics
+from trainer.online.rollout import SAMPLES_KEPT
+from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -166,24 +169,31 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def _train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
         config = self.config
+        timer = PhaseTimer()  # the explorer samples and scores: its log line gives those times
         data = to_data_proto(batch_exps, self.context.tokenizer.pad_token_id)
         metrics = staleness_metrics(self.global_steps, data.meta_info["model_versions"])
-        data = data.union(self.actor_rollout_wg.compute_log_prob(data))
-        data = data.union(self.actor_rollout_wg.compute_ref_log_prob(data))
+        with timer.phase("logps_old"):
+            data = data.union(self.actor_rollout_wg.compute_log_prob(data))
+        with timer.phase("logps_ref"):
+            data = data.union(self.actor_rollout_wg.compute_ref_log_prob(data))
         if self.critic_wg is not None:
-            data = data.union(self.critic_wg.compute_values(data))
+            with timer.phase("values"):
+                data = data.union(self.critic_wg.compute_values(data))
         weights, weight_metrics = importance_correction(data.batch, config.asynchronous.importance_sampling_cap)
         data = data.union(weights)
         data = DataProto(compute_advantages(data.batch, config, self.kl_controller.value), data.meta_info)
         self.global_steps += 1
         seed = config.train.seed + self.global_steps  # actor and critic see the minibatches in the same order
-        if self.critic_wg is not None:
-            metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
-        metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
+        with timer.phase("update"):
+            if self.critic_wg is not None:
+                metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
+            metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
         metrics |= weight_metrics | compute_data_metrics(data, config.generation.max_new_tokens)
         if isinstance(config, GRPOConfig):  # dynamic sampling, truncated responses, overlong penalty
             metrics |= grpo_metrics(data.batch.info)
         metrics |= self._update_kl_coef(data.batch)
+        mask = data.batch.action_mask
+        metrics |= timer.metrics(tokens=float(mask.sum()), completions=float(len(mask)))
         self.last_metrics = metrics
         self.samples = decode_samples(self.context.tokenizer, data.batch, SAMPLES_KEPT)
         return metrics

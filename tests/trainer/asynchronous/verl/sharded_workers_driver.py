@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from trainer.algorithms.online_advantages import compute_advantages
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
@@ -32,7 +33,6 @@ from trainer.errors import TrainingError
 from trainer.lifecycle.context import build_context
 from trainer.modeling.models import load_causal_lm
 from trainer.online.experience import Experience
-from trainer.online.loop import compute_advantages
 
 FULL_ON_EVERY_RANK = StateDictOptions(full_state_dict=True)  # no cpu_offload: every rank gets the full tensors
 

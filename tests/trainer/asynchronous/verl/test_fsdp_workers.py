@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import make_config
+from trainer.algorithms.online_advantages import compute_advantages
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
@@ -12,7 +13,6 @@ from trainer.checkpointing.checkpoint import CheckpointManager
 from trainer.errors import ConfigError
 from trainer.lifecycle.context import build_context
 from trainer.online.experience import Experience
-from trainer.online.loop import compute_advantages
 
 
 @pytest.fixture

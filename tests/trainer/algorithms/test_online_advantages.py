@@ -1,6 +1,5 @@
 """`grpo_advantages` (what the colocated loop and the asynchronous engine both call through `compute_advantages`):
-each estimator on a hand-built batch, DAPO's shaping, what gets dropped from the loss, and the episode's counts;
-and rollouts that record which responses were truncated."""
+each estimator on a hand-built batch, DAPO's shaping, what gets dropped from the loss, and the episode's counts."""
 
 from __future__ import annotations
 
@@ -10,12 +9,9 @@ import pytest
 import torch
 
 from trainer.algorithms.advantages import STD_EPS
-from trainer.config import GenerationConfig, build_config
-from trainer.online.engines import RolloutEngine, SampledResponses
+from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
+from trainer.config import build_config
 from trainer.online.experience import Experience, concat_experiences
-from trainer.online.loop import compute_advantages, grpo_metrics
-from trainer.online.rollout import generate
-from trainer.tiny.model import build_tokenizer
 
 # Two groups of two responses, each one prompt column and up to three response columns.
 ACTION_MASK = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]])  # lengths 2, 3, 1, 2
@@ -102,25 +98,3 @@ def test_episode_counts_add_up_over_collect_steps_and_become_metrics():
     assert info["dropped_groups"] == 2.0 and info["rows"] == 8.0
     metrics = grpo_metrics(info)
     assert metrics["episode/dropped_groups"] == 2.0 and metrics["episode/truncated_fraction"] == 0.25
-
-
-class FixedEngine(RolloutEngine):
-    """Returns the same response ids for every prompt (what a sampler might have produced)."""
-
-    def __init__(self, responses: list[list[int]]) -> None:
-        self.responses = torch.tensor(responses)
-
-    def generate(self, prompt_ids, prompt_mask, options, *, stop_token_ids, pad_token_id):
-        return SampledResponses(self.responses)
-
-    def load_weights(self, state_dict) -> None:
-        pass
-
-
-def test_a_rollout_marks_responses_without_a_stop_token_as_truncated():
-    tokenizer = build_tokenizer()
-    digit, eos = tokenizer.convert_tokens_to_ids("7"), tokenizer.eos_token_id
-    engine = FixedEngine([[digit, eos, digit], [digit, digit, digit]])
-    batch = generate(engine, tokenizer, [[digit], [digit]], GenerationConfig(max_new_tokens=3), torch.device("cpu"))
-    torch.testing.assert_close(batch["truncated"], torch.tensor([0.0, 1.0]))
-    assert batch["action_mask"].sum(-1).tolist() == [2, 3]  # up to and including the stop token
