@@ -1,0 +1,207 @@
+"""The sandbox's supervisor: `python -I -S _supervisor.py` reads a request on stdin, answers JSON on stdout.
+
+Standard library only, run with a clean environment in a fresh scratch folder (its working directory) and
+in a new session, by `trainer.agents.sandbox.local`. It
+
+1. becomes a child subreaper (orphans of the tree it starts are reparented to it, so it reaps them) and
+   enters a Landlock domain of its own that only *scopes* (no filesystem rules): from then on it can
+   signal nothing outside that domain, which it checks by failing to signal its parent;
+2. forks the program's process, which sets its rlimits, drops root to uid 65534 when run as root, enters a
+   nested Landlock domain (filesystem: read and execute only beneath the interpreter's folders, everything
+   beneath the scratch folder; no TCP; no signals or abstract sockets outside) and the seccomp filter, and
+   executes `python -I -S main.py`;
+3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit;
+4. then `kill(-1, SIGKILL)`: inside its own domain that reaches exactly the processes of the nested one,
+   the program's whole tree, whatever sessions or process groups they made, and nothing else (the kernel
+   checks the domain; the fork of a process already sent SIGKILL fails, so none slips through), reaps
+   them, and prints the result.
+
+A failure before the program starts is reported as `{"setup_error": "..."}` naming the mechanism.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _landlock  # noqa: E402  (a sibling file; `-I` does not put this folder on the path)
+import _seccomp  # noqa: E402
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+NOBODY = 65534
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom")
+CHUNK = 1 << 16
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def count_tasks(uid: int) -> int:
+    """Threads and processes of `uid` visible here: what RLIMIT_NPROC counts (the kernel counts the uid's
+    tasks outside this PID namespace too, so the real headroom can only be smaller)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                continue  # the process ended meanwhile
+    return count
+
+
+def confine_program(request: dict, step: list[str]) -> None:
+    """In the forked child: limits, identity, Landlock, seccomp, then exec the program (never returns).
+
+    `step` gets the name of the mechanism being set up, for the error message when one fails."""
+    limits, scratch = request["limits"], os.getcwd()
+    step[0] = "dropping root to uid 65534"
+    if os.geteuid() == 0:  # root ignores RLIMIT_NPROC and holds capabilities: run as nobody instead
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    uid = os.getuid()
+    step[0] = "setrlimit"
+    for limit, value in ((resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1)),
+                         (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
+                         (resource.RLIMIT_NPROC, (count_tasks(uid) + limits["max_processes"],) * 2),
+                         (resource.RLIMIT_FSIZE, (limits["max_file_bytes"],) * 2),
+                         (resource.RLIMIT_NOFILE, (256, 256)), (resource.RLIMIT_CORE, (0, 0))):
+        resource.setrlimit(limit, value)
+    step[0] = "Landlock"
+    _landlock.restrict_self(read_paths=request["read_paths"], write_paths=[scratch],
+                            device_files=[path for path in DEVICE_FILES if os.path.exists(path)])
+    step[0] = "seccomp"
+    _seccomp.install_filter(_seccomp.build_filter())
+    step[0] = f"exec {request['interpreter']}"
+    os.execve(request["interpreter"], [request["interpreter"], "-I", "-S", "main.py"], request["environment"])
+
+
+def start_program(request: dict) -> tuple[int, int, int]:
+    """Fork the confined program; returns (pid, stdout fd, stderr fd), or raises with the setup error."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    error_read, error_write = os.pipe()  # close-on-exec: EOF means the exec happened
+    if os.geteuid() == 0:
+        os.chown(os.getcwd(), NOBODY, NOBODY)
+    pid, step = os.fork(), ["fork"]
+    if pid == 0:
+        try:
+            os.close(out_read), os.close(err_read), os.close(error_read)
+            null = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(null, 0), os.dup2(out_write, 1), os.dup2(err_write, 2)
+            os.closerange(3, error_write)
+            os.closerange(error_write + 1, 1 << 16)
+            confine_program(request, step)
+        except BaseException as err:  # noqa: BLE001  (anything at all: report it, never run unconfined)
+            detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            os.write(error_write, f"{step[0]}: {detail}".encode())
+        finally:
+            os._exit(127)
+    os.close(out_write), os.close(err_write), os.close(error_write)
+    error = b"".join(iter(lambda: os.read(error_read, CHUNK), b""))
+    os.close(error_read)
+    if error:
+        os.waitpid(pid, 0)
+        raise RuntimeError(error.decode(errors="replace"))
+    return pid, out_read, err_read
+
+
+def collect(pid: int, pipes: dict[int, bytearray], *, wall_seconds: float, max_output_bytes: int) -> dict:
+    """Read the pipes until the program exits, the deadline passes or the output outgrows its limit."""
+    deadline, pidfd = time.monotonic() + wall_seconds, os.pidfd_open(pid)
+    open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False}
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            outcome["timed_out"] = True
+            break
+        ready, _, _ = select.select([*open_pipes, pidfd], [], [], remaining)
+        for descriptor in ready:
+            if descriptor != pidfd:
+                chunk = os.read(descriptor, CHUNK)
+                pipes[descriptor] += chunk
+                if not chunk:
+                    open_pipes.discard(descriptor)
+        if sum(map(len, pipes.values())) > max_output_bytes:
+            outcome["truncated"] = True
+            break
+        if pidfd in ready:
+            break
+    os.close(pidfd)
+    return outcome
+
+
+def stop_everything(pid: int) -> int | None:
+    """SIGKILL every process of the nested domain, reap every child; returns the program's wait status."""
+    status = None
+    for _ in range(2):
+        try:
+            os.kill(-1, signal.SIGKILL)  # scoped by Landlock: only the program's tree
+        except ProcessLookupError:
+            pass  # nothing left to signal
+    while True:
+        try:
+            reaped, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return status
+        if reaped == pid:
+            status = wait_status
+
+
+def drain(pipes: dict[int, bytearray], limit: int) -> None:
+    """Read what the killed writers left in the pipes (every writer is gone, so each read ends)."""
+    for descriptor, data in pipes.items():
+        while sum(map(len, pipes.values())) <= limit and (chunk := os.read(descriptor, CHUNK)):
+            data += chunk
+        os.close(descriptor)
+
+
+def enter_supervisor_domain() -> None:
+    """Become the subreaper of the program's tree and enter the scoping-only domain, then prove the scope."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _landlock.restrict_self(handle_fs=False, handle_tcp=False)
+    try:
+        os.kill(os.getppid(), 0)
+    except PermissionError:
+        return
+    raise RuntimeError("Landlock signal scoping does not hold: the supervisor could still signal its parent")
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    limits = request["limits"]
+    try:
+        enter_supervisor_domain()
+        pid, out, err = start_program(request)
+    except Exception as error:  # noqa: BLE001  (one line naming what failed)
+        detail = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        print(json.dumps({"setup_error": detail}))
+        return
+    pipes = {out: bytearray(), err: bytearray()}
+    outcome = collect(pid, pipes, wall_seconds=limits["wall_seconds"], max_output_bytes=limits["max_output_bytes"])
+    status = stop_everything(pid)
+    drain(pipes, limits["max_output_bytes"])
+    stopped = outcome["timed_out"] or outcome["truncated"]
+    exit_code = None if stopped or status is None else os.waitstatus_to_exitcode(status)
+    output, budget = [], limits["max_output_bytes"]
+    for data in pipes.values():
+        output.append(bytes(data[:budget]).decode(errors="replace"))
+        outcome["truncated"] |= len(data) > budget
+        budget = max(0, budget - len(data))
+    print(json.dumps({"stdout": output[0], "stderr": output[1], "exit_code": exit_code, **outcome}))
+
+
+if __name__ == "__main__":
+    main()
