@@ -5,8 +5,10 @@ docs/sandbox.md) and `check_sandbox()` proves once at start-up that it can start
 `RemoteSandbox` runs the same contract on the chart's sandbox service; `build_sandbox(config)` picks one.
 """
 
+from trainer.agents.sandbox.config import LocalSandbox, Sandbox, SandboxConfig, build_sandbox
 from trainer.agents.sandbox.local import check_sandbox, run_python
+from trainer.agents.sandbox.remote import RemoteSandbox
 from trainer.agents.sandbox.types import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "SandboxUnavailableError", "check_sandbox",
-           "run_python"]
+__all__ = ["LocalSandbox", "RemoteSandbox", "Sandbox", "SandboxConfig", "SandboxError", "SandboxLimits",
+           "SandboxResult", "SandboxUnavailableError", "build_sandbox", "check_sandbox", "run_python"]

@@ -37,6 +37,22 @@ PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 NOBODY = 65534
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom")
 CHUNK = 1 << 16
+# Runs main.py as `python main.py` would, but its tracebacks say `main.py`, not the random scratch path, so
+# the same program prints the same thing every run (the environment fixes PYTHONHASHSEED for the same reason).
+BOOTSTRAP = """\
+import sys, traceback
+sys.argv[0] = "main.py"
+namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+try:
+    with open("main.py", "rb") as source:
+        code = compile(source.read(), "main.py", "exec")
+    exec(code, namespace)
+except SystemExit:
+    raise
+except BaseException as error:
+    traceback.print_exception(type(error), error, error.__traceback__.tb_next)
+    sys.exit(1)
+"""
 
 
 def _prctl(option: int, value: int) -> None:
@@ -84,7 +100,9 @@ def confine_program(request: dict, step: list[str]) -> None:
     step[0] = "seccomp"
     _seccomp.install_filter(_seccomp.build_filter())
     step[0] = f"exec {request['interpreter']}"
-    os.execve(request["interpreter"], [request["interpreter"], "-I", "-S", "main.py"], request["environment"])
+    # -S -s: no site-packages; -P: nothing from the working folder imports on its own; the environment is ours.
+    os.execve(request["interpreter"], [request["interpreter"], "-S", "-s", "-P", "-c", BOOTSTRAP],
+              request["environment"])
 
 
 def start_program(request: dict) -> tuple[int, int, int]:

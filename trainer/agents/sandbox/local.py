@@ -65,7 +65,8 @@ def readable_paths(interpreter: str, environ: dict[str, str] | None = None) -> l
 def sandbox_environment(scratch: str) -> dict[str, str]:
     """The program's whole environment: a fixed minimum plus `ENVIRONMENT_PASSED`; no credentials."""
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
-                   "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+                   "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
+                   "PYTHONDONTWRITEBYTECODE": "1"}
     environment.update({name: os.environ[name] for name in ENVIRONMENT_PASSED if name in os.environ})
     return environment
 

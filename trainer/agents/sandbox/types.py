@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from trainer.config.sections import Section
 from trainer.errors import AlignflowError
 
 
-class SandboxLimits(BaseModel):
+class SandboxLimits(Section):
     """Limits of one run of untrusted code. The defaults suit a short computation a model writes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
 
     wall_seconds: float = Field(10.0, gt=0, le=3600, description=(
         "Wall-clock limit in seconds; when it passes, every process the program started is killed and the "

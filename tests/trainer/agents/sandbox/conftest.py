@@ -119,3 +119,34 @@ def stand_in():
         process.stdin.close()
         process.wait(timeout=30)
         shutil.rmtree(base, ignore_errors=True)
+
+
+TOKEN = "service-token-for-tests-0123456789"
+
+
+@pytest.fixture(scope="session")
+def sandbox_service():
+    """The real sandbox service on loopback, as the trainer image's uid: (URL, process)."""
+    uid = IMAGE_UID if os.geteuid() == 0 else os.geteuid()
+    interpreter = _interpreter_for(uid) if uid in ALLOWED_UIDS else None
+    if interpreter is None:
+        pytest.skip(f"the sandbox service runs as the trainer image's uid {IMAGE_UID} (or 65534) with a Python it "
+                    f"can execute; this is uid {os.geteuid()}")
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(), "ALIGNFLOW_SANDBOX_TOKEN": TOKEN,
+                   "TMPDIR": "/tmp"}
+    process = subprocess.Popen([interpreter, "-m", "trainer.agents.sandbox.server", "--host", "127.0.0.1",
+                                "--port", "0", "--max-wall-seconds", "20"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=environment, cwd="/tmp", **_as_user(uid))
+    try:
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        else:
+            pytest.skip(f"the sandbox service did not start here: {''.join(lines)[-800:]}")
+        port = int(line.rsplit(":", 1)[1])
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

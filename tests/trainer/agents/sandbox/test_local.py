@@ -17,6 +17,7 @@ import pytest
 
 from tests.trainer.agents.sandbox.conftest import SECRET
 from trainer.agents.sandbox import SandboxLimits, SandboxUnavailableError, check_sandbox, run_python
+from trainer.agents.sandbox.local import ENVIRONMENT_PASSED, sandbox_environment
 
 
 def alive(pid: int) -> bool:
@@ -86,7 +87,8 @@ def test_no_credentials_in_the_environment_or_the_trainers_proc_files(stand_in):
     plain = stand_in.run_plain(code)["stdout"].splitlines()
     assert "AWS_SECRET_ACCESS_KEY" in plain[0] and plain[1] == "True"
     names, leaked, *proc = stand_in.run(code)["stdout"].splitlines()
-    assert set(eval(names)) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONIOENCODING", "TZ", "LC_CTYPE"}
+    # the fixed minimum (no secret among it) and, where set, TZ; Python itself may add LC_CTYPE
+    assert set(eval(names)) <= {*sandbox_environment("/scratch"), *ENVIRONMENT_PASSED, "LC_CTYPE"}
     assert leaked == "False"
     assert proc == ["PermissionError"] * 3
 
