@@ -6,7 +6,7 @@ Landlock) or that want untrusted code off the GPU nodes. The chart installs it a
 (`sandbox.enabled`). The protocol is `remote.py`'s; the token comes from `--token-file` (a mounted Secret)
 or the `ALIGNFLOW_SANDBOX_TOKEN` variable and never appears in a log line. It checks the sandbox at
 start-up and refuses to start when it cannot hold. Limits a request asks for above the service's own
-(`--max-<limit>` flags) are refused with 400. At most `--concurrency` programs run at once; other
+(`--max-wall-seconds`, `--max-processes`, ... flags) are refused with 400. At most `--concurrency` programs run at once; other
 requests wait their turn.
 """
 
@@ -150,15 +150,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="programs that may run at once")
     parser.add_argument("--interpreter", help="Python that runs the programs (default: this one)")
     for name, field in SandboxLimits.model_fields.items():
-        parser.add_argument(f"--max-{name.replace('_', '-')}", dest=f"max_{name}", type=type(field.default),
+        parser.add_argument(ceiling_flag(name), dest=f"ceiling_{name}", type=type(field.default),
                             default=field.default, help=f"most a request may ask for: {field.description}")
     return parser.parse_args(argv)
+
+
+def ceiling_flag(name: str) -> str:
+    """The flag setting the most a request may ask for of limit `name`: --max-wall-seconds, --max-processes."""
+    return "--" + (name if name.startswith("max_") else f"max_{name}").replace("_", "-")
 
 
 def main(argv: list[str] | None = None) -> None:
     arguments = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    max_limits = SandboxLimits(**{name: getattr(arguments, f"max_{name}") for name in SandboxLimits.model_fields})
+    max_limits = SandboxLimits(**{name: getattr(arguments, f"ceiling_{name}") for name in SandboxLimits.model_fields})
     try:
         token = read_token(arguments.token_file, dict(os.environ))
         check_sandbox(interpreter=arguments.interpreter)  # refuse to serve a sandbox that cannot hold here
