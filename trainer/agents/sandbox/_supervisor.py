@@ -137,14 +137,15 @@ def start_program(request: dict) -> tuple[int, int, int]:
 
 def collect(pid: int, pipes: dict[int, bytearray], *, wall_seconds: float, max_output_bytes: int) -> dict:
     """Read the pipes until the program exits, the deadline passes or the output outgrows its limit."""
-    deadline, pidfd = time.monotonic() + wall_seconds, os.pidfd_open(pid)
+    deadline, pidfd = time.monotonic() + wall_seconds, _open_pidfd(pid)
     open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False}
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             outcome["timed_out"] = True
             break
-        ready, _, _ = select.select([*open_pipes, pidfd], [], [], remaining)
+        watched = [*open_pipes] + ([pidfd] if pidfd is not None else [])
+        ready, _, _ = select.select(watched, [], [], remaining if pidfd is not None else min(remaining, 0.05))
         for descriptor in ready:
             if descriptor != pidfd:
                 chunk = os.read(descriptor, CHUNK)
@@ -154,10 +155,24 @@ def collect(pid: int, pipes: dict[int, bytearray], *, wall_seconds: float, max_o
         if sum(map(len, pipes.values())) > max_output_bytes:
             outcome["truncated"] = True
             break
-        if pidfd in ready:
+        if pidfd in ready or pidfd is None and _has_exited(pid):
             break
-    os.close(pidfd)
+    if pidfd is not None:
+        os.close(pidfd)
     return outcome
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits; None where the kernel or profile has no pidfd_open."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether `pid` has exited, leaving it to be reaped (and its status read) later."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def stop_everything(pid: int) -> int | None:

@@ -207,6 +207,15 @@ def test_a_double_forked_setsid_child_does_not_outlive_the_run(stand_in, ending)
     assert not alive(daemon)
 
 
+def test_killing_one_runs_tree_spares_another_run_beside_it(stand_in):
+    """Each run's supervisor kills within its own Landlock domain: a timeout next door touches nothing here."""
+    patient = "import time\ntime.sleep(2.5)\nprint('finished')"
+    stuck = DAEMON + "time.sleep(10**6)\n"
+    finished, killed = stand_in.run_together((patient, {"wall_seconds": 20}), (stuck, {"wall_seconds": 1}))
+    assert finished["stdout"] == "finished\n" and finished["exit_code"] == 0
+    assert killed["timed_out"] and not alive(int(killed["stdout"]))
+
+
 def test_check_sandbox_passes_here(stand_in):
     assert stand_in.check() == {"ok": True}
 
@@ -233,3 +242,8 @@ def test_as_root_the_program_runs_as_nobody(tmp_path):
     code = f"import os\nprint(os.getuid())\nopen('{tmp_path}/x', 'w')"
     result = run_python(code, limits=SandboxLimits(wall_seconds=10), interpreter=interpreter)
     assert result.stdout == "65534\n" and "PermissionError" in result.stderr
+
+
+def test_without_pidfd_open_the_supervisor_polls_and_still_holds(stand_in):
+    """An older container profile may refuse pidfd_open (434 on x86_64 and aarch64): the canary still passes."""
+    assert stand_in.check({434: 1}) == {"ok": True}

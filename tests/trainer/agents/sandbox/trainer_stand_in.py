@@ -4,6 +4,7 @@
 - `{"code": ..., "limits": {...}}`: `run_python` (the sandbox), answered with the result and its seconds;
 - `{"code": ..., "plain": true}`: the same code in a plain subprocess with this process's environment and
   rights, to show that each escape works without the sandbox (so the tests can fail);
+- `{"concurrent": [request, ...]}`: those requests at once, from threads, answered as a list;
 - `{"check": true, "profile_denials": {"444": 38}}`: `check_sandbox()` in a forked child that first
   installs a seccomp filter refusing those syscalls, standing for a container profile or kernel that
   lacks a mechanism.
@@ -24,6 +25,11 @@ def answer(request: dict) -> dict:
     if request.get("plain"):
         done = subprocess.run([sys.executable, "-c", request["code"]], capture_output=True, text=True, timeout=30)
         return {"stdout": done.stdout, "stderr": done.stderr, "exit_code": done.returncode}
+    if "concurrent" in request:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(request["concurrent"])) as pool:
+            return {"answers": list(pool.map(answer, request["concurrent"]))}
     if request.get("check"):
         return check_under_profile({int(k): v for k, v in request.get("profile_denials", {}).items()})
     started = time.monotonic()
