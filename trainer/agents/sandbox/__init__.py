@@ -6,9 +6,9 @@ docs/sandbox.md) and `check_sandbox()` proves once at start-up that it can start
 """
 
 from trainer.agents.sandbox.config import LocalSandbox, Sandbox, SandboxConfig, build_sandbox
+from trainer.agents.sandbox.contract import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
 from trainer.agents.sandbox.local import check_sandbox, run_python
 from trainer.agents.sandbox.remote import RemoteSandbox
-from trainer.agents.sandbox.types import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
 
 __all__ = ["LocalSandbox", "RemoteSandbox", "Sandbox", "SandboxConfig", "SandboxError", "SandboxLimits",
            "SandboxResult", "SandboxUnavailableError", "build_sandbox", "check_sandbox", "run_python"]

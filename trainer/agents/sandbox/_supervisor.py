@@ -29,9 +29,21 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _landlock  # noqa: E402  (a sibling file; `-I` does not put this folder on the path)
-import _seccomp  # noqa: E402
+
+def _load_sibling(name: str):
+    """Import the file `name`.py next to this one, without putting this folder on sys.path (where the
+    package's other modules would shadow the standard library's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_landlock = _load_sibling("_landlock")
+_seccomp = _load_sibling("_seccomp")
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 NOBODY = 65534

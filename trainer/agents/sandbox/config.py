@@ -12,9 +12,9 @@ from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
+from trainer.agents.sandbox.contract import SandboxLimits, SandboxResult, SandboxUnavailableError
 from trainer.agents.sandbox.local import check_sandbox, run_python
 from trainer.agents.sandbox.remote import RemoteSandbox
-from trainer.agents.sandbox.types import SandboxLimits, SandboxResult, SandboxUnavailableError
 from trainer.config.sections import Section
 
 

@@ -20,7 +20,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from trainer.agents.sandbox.types import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
+from trainer.agents.sandbox.contract import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
 from trainer.launch import SECRET_DIRS_VARIABLE
 
 SUPERVISOR = Path(__file__).with_name("_supervisor.py")

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from dataclasses import fields
 
-from trainer.agents.sandbox.types import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
+from trainer.agents.sandbox.contract import SandboxError, SandboxLimits, SandboxResult, SandboxUnavailableError
 
 NETWORK_MARGIN_SECONDS = 30  # beyond a run's wall_seconds: the service's own start-up and the network
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from trainer.agents.sandbox.contract import SandboxError, SandboxLimits
 from trainer.agents.sandbox.local import check_sandbox, run_python
-from trainer.agents.sandbox.types import SandboxError, SandboxLimits
 
 logger = logging.getLogger(__name__)
 TOKEN_VARIABLE = "ALIGNFLOW_SANDBOX_TOKEN"
