@@ -88,6 +88,14 @@ def count_tasks(uid: int) -> int:
     return count
 
 
+def _within_hard_limit(limit: int, wanted: tuple[int, int]) -> tuple[int, int]:
+    """`wanted`, lowered to the hard limit the pod already has (raising it would need privileges)."""
+    _, hard = resource.getrlimit(limit)
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    return min(wanted[0], hard), min(wanted[1], hard)
+
+
 def confine_program(request: dict, step: list[str]) -> None:
     """In the forked child: limits, identity, Landlock, seccomp, then exec the program (never returns).
 
@@ -105,15 +113,16 @@ def confine_program(request: dict, step: list[str]) -> None:
                          (resource.RLIMIT_NPROC, (count_tasks(uid) + limits["max_processes"],) * 2),
                          (resource.RLIMIT_FSIZE, (limits["max_file_bytes"],) * 2),
                          (resource.RLIMIT_NOFILE, (256, 256)), (resource.RLIMIT_CORE, (0, 0))):
-        resource.setrlimit(limit, value)
+        resource.setrlimit(limit, _within_hard_limit(limit, value))
     step[0] = "Landlock"
     _landlock.restrict_self(read_paths=request["read_paths"], write_paths=[scratch],
                             device_files=[path for path in DEVICE_FILES if os.path.exists(path)])
     step[0] = "seccomp"
     _seccomp.install_filter(_seccomp.build_filter())
     step[0] = f"exec {request['interpreter']}"
-    # -S -s: no site-packages; -P: nothing from the working folder imports on its own; the environment is ours.
-    os.execve(request["interpreter"], [request["interpreter"], "-S", "-s", "-P", "-c", BOOTSTRAP],
+    # -S -s: no site-packages (the environment is ours, so no -E); the scratch folder is first on sys.path, as
+    # the script's folder is for `python main.py`.
+    os.execve(request["interpreter"], [request["interpreter"], "-S", "-s", "-c", BOOTSTRAP],
               request["environment"])
 
 
@@ -215,6 +224,7 @@ def drain(pipes: dict[int, bytearray], limit: int) -> None:
 def enter_supervisor_domain() -> None:
     """Become the subreaper of the program's tree and enter the scoping-only domain, then prove the scope."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # Fires when the trainer's thread that started this one exits; that thread waits for the answer meanwhile.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _landlock.restrict_self(handle_fs=False, handle_tcp=False)
     try:
