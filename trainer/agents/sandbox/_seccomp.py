@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import struct
 
 SECCOMP_SET_MODE_FILTER = 1
@@ -72,7 +71,7 @@ def build_filter(machine: str | None = None, *, extra_denials: dict[int, int] | 
     Raises:
         SeccompError: The machine's syscall table is not known here.
     """
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     if machine not in ARCHITECTURES:
         raise SeccompError(errno.ENOTSUP, f"seccomp filter: no syscall table for machine {machine!r} "
                                           f"(known: {', '.join(ARCHITECTURES)})")
@@ -100,7 +99,7 @@ def install_filter(program: bytes, machine: str | None = None) -> None:
     Raises:
         SeccompError: The kernel has no seccomp filters, or a container profile refuses the call.
     """
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     code = ctypes.create_string_buffer(program, len(program))

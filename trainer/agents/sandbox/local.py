@@ -11,6 +11,7 @@ See docs/sandbox.md for what this protects and what it does not.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import signal
@@ -91,7 +92,7 @@ def run_python(code: str, *, limits: SandboxLimits | None = None, interpreter: s
         Path(scratch, "main.py").write_text(code, encoding="utf-8")
         request = {"limits": limits.model_dump(), "read_paths": readable_paths(interpreter),
                    "interpreter": os.path.realpath(interpreter), "environment": sandbox_environment(scratch)}
-        answer = _supervise(interpreter, scratch, request, limits.wall_seconds + SUPERVISOR_GRACE_SECONDS)
+        answer = _supervise(scratch, request, limits.wall_seconds + SUPERVISOR_GRACE_SECONDS)
     finally:
         _remove_scratch(scratch)
     if "setup_error" in answer:
@@ -99,21 +100,21 @@ def run_python(code: str, *, limits: SandboxLimits | None = None, interpreter: s
     return SandboxResult(**answer)
 
 
-def _supervise(interpreter: str, scratch: str, request: dict, timeout: float) -> dict:
-    """Run the supervisor on `request` and parse its answer."""
-    process = subprocess.Popen([interpreter, "-I", "-S", str(SUPERVISOR)], stdin=subprocess.PIPE,
+def _supervise(scratch: str, request: dict, timeout: float) -> dict:
+    """Run the supervisor (with this interpreter, whichever runs the program) on `request`; its answer."""
+    process = subprocess.Popen([sys.executable, "-I", "-S", str(SUPERVISOR)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=scratch,
                                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True)
     try:
-        stdout, stderr = process.communicate(json.dumps(request).encode(), timeout=timeout)
+        stdout, stderr = process.communicate(marshal.dumps(request), timeout=timeout)
     except subprocess.TimeoutExpired as err:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         raise SandboxError(f"sandbox supervisor did not answer within {timeout:.0f} s; its process group was "
                            "killed") from err
     try:
-        return json.loads(stdout)
-    except json.JSONDecodeError as err:
+        return marshal.loads(stdout)
+    except (EOFError, ValueError, TypeError) as err:
         detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {process.returncode}"]
         raise SandboxError(f"sandbox supervisor failed: {detail[0]}") from err
 
