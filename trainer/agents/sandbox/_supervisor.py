@@ -1,8 +1,9 @@
 """The sandbox's supervisor: `python -I -S _supervisor.py` reads a request on stdin, answers on stdout.
 
-Request and answer are `marshal`ed dicts (the trainer starts this file with its own interpreter, and
-marshal loads in a millisecond where json's imports take tens). Standard library only, run with a clean environment in a fresh scratch folder (its working directory) and
-in a new session, by `trainer.agents.sandbox.local`. It
+Request and answer are `marshal`ed dicts (the trainer starts this file with its own interpreter, and marshal
+loads in a millisecond where json's imports take tens). Standard library only, run with a clean
+environment in a fresh scratch folder (its working directory) and in a new session, by
+`trainer.agents.sandbox.local`. It
 
 1. becomes a child subreaper (orphans of the tree it starts are reparented to it, so it reaps them) and
    enters a Landlock domain of its own that only *scopes* (no filesystem rules): from then on it can
@@ -10,15 +11,15 @@ in a new session, by `trainer.agents.sandbox.local`. It
 2. forks the program's process, which sets its rlimits, drops root to uid 65534 when run as root, enters a
    nested Landlock domain (filesystem: read and execute only beneath the interpreter's folders, everything
    beneath the scratch folder; no TCP; no signals or abstract sockets outside) and the seccomp filter, and
-   executes `python -I -S main.py`;
-3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit;
+   executes the interpreter on `main.py`;
+3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit, or until the
+   trainer is gone;
 4. then `kill(-1, SIGKILL)`: inside its own domain that reaches exactly the processes of the nested one,
    the program's whole tree, whatever sessions or process groups they made, and nothing else (the kernel
    checks the domain; the fork of a process already sent SIGKILL fails, so none slips through), reaps
-   them, and prints the result.
+   them, and answers.
 
-A failure before the program starts is answered as `{"setup_error": "..."}` naming the mechanism.
-"""
+A failure before the program starts is answered as `{"setup_error": "..."}` naming the mechanism."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ SIGKILL = 9  # Linux's, on every architecture (the signal module would import en
 NOBODY = 65534
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom")
 CHUNK = 1 << 16
+PARENT_CHECK_SECONDS = 0.5  # how soon the program's tree dies after the trainer did
 # Runs main.py as `python main.py` would, but its tracebacks say `main.py`, not the random scratch path, so
 # the same program prints the same thing every run (the environment fixes PYTHONHASHSEED for the same reason).
 BOOTSTRAP = """\
@@ -108,6 +110,8 @@ def confine_program(request: dict, step: list[str]) -> None:
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     uid = os.getuid()
+    step[0] = "prctl(PR_SET_PDEATHSIG)"
+    _prctl(PR_SET_PDEATHSIG, SIGKILL)  # should the supervisor be killed, the program goes too
     step[0] = "setrlimit"
     for limit, value in ((resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1)),
                          (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
@@ -158,16 +162,18 @@ def start_program(request: dict) -> tuple[int, int, int]:
 
 
 def collect(pid: int, pipes: dict[int, bytearray], *, wall_seconds: float, max_output_bytes: int) -> dict:
-    """Read the pipes until the program exits, the deadline passes or the output outgrows its limit."""
-    deadline, pidfd = time.monotonic() + wall_seconds, _open_pidfd(pid)
+    """Read the pipes until the program exits, the deadline passes, the output outgrows its limit or the
+    trainer is gone (this process was reparented: nobody waits for the answer any more)."""
+    deadline, pidfd, parent = time.monotonic() + wall_seconds, _open_pidfd(pid), os.getppid()
     open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False}
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or os.getppid() != parent:
             outcome["timed_out"] = True
             break
         watched = [*open_pipes] + ([pidfd] if pidfd is not None else [])
-        ready, _, _ = select.select(watched, [], [], remaining if pidfd is not None else min(remaining, 0.05))
+        ready, _, _ = select.select(watched, [], [], min(remaining, PARENT_CHECK_SECONDS if pidfd is not None
+                                                         else 0.05))
         for descriptor in ready:
             if descriptor != pidfd:
                 chunk = os.read(descriptor, CHUNK)
@@ -225,8 +231,6 @@ def drain(pipes: dict[int, bytearray], limit: int) -> None:
 def enter_supervisor_domain() -> None:
     """Become the subreaper of the program's tree and enter the scoping-only domain, then prove the scope."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    # Fires when the trainer's thread that started this one exits; that thread waits for the answer meanwhile.
-    _prctl(PR_SET_PDEATHSIG, SIGKILL)
     _landlock.restrict_self(handle_fs=False, handle_tcp=False)
     try:
         os.kill(os.getppid(), 0)
@@ -256,8 +260,12 @@ def main() -> None:
         output.append(bytes(data[:budget]).decode(errors="replace"))
         outcome["truncated"] |= len(data) > budget
         budget = max(0, budget - len(data))
-    sys.stdout.buffer.write(marshal.dumps({"stdout": output[0], "stderr": output[1], "exit_code": exit_code,
-                                           **outcome}))
+    try:
+        sys.stdout.buffer.write(marshal.dumps({"stdout": output[0], "stderr": output[1], "exit_code": exit_code,
+                                               **outcome}))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the trainer is gone; its tree is dead all the same
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ REPOSITORY = Path(__file__).parents[4]
 class TrainerStandIn:
     """The stand-in process and the folders planted around it."""
 
-    def __init__(self, process: subprocess.Popen, base: Path, uid: int):
-        self.process, self.base, self.uid = process, base, uid
+    def __init__(self, process: subprocess.Popen, base: Path, uid: int, interpreter: str):
+        self.process, self.base, self.uid, self.interpreter = process, base, uid, interpreter
         self.secret_file = base / "secrets" / "AWS_SECRET_ACCESS_KEY"
         self.output_dir = base / "output"
 
@@ -91,6 +91,20 @@ def _as_user(uid: int) -> dict:
     return {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 and uid != 0 else {}
 
 
+def launch_as_trainer(stand_in: TrainerStandIn, code: str) -> tuple[subprocess.Popen, Path]:
+    """Another trainer process, as the stand-in's uid, running `code` in the sandbox (60 s); returns it and the
+    folder its scratch folders go in."""
+    scratch_root = stand_in.base / "tmp"
+    command = ("import sys\nfrom trainer.agents.sandbox import SandboxLimits, run_python\n"
+               "run_python(sys.stdin.read(), limits=SandboxLimits(wall_seconds=60))")
+    process = subprocess.Popen([stand_in.interpreter, "-c", command], stdin=subprocess.PIPE, text=True,
+                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(), "TMPDIR": str(scratch_root)},
+                               cwd=stand_in.base, **_as_user(stand_in.uid))
+    process.stdin.write(code)
+    process.stdin.close()
+    return process, scratch_root
+
+
 @pytest.fixture(scope="module")
 def stand_in():
     uid = IMAGE_UID if os.geteuid() == 0 else os.geteuid()
@@ -115,7 +129,7 @@ def stand_in():
     process = subprocess.Popen([interpreter, str(Path(__file__).with_name("trainer_stand_in.py"))],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=environment, cwd=base, **_as_user(uid))
-    stand_in = TrainerStandIn(process, base, uid)
+    stand_in = TrainerStandIn(process, base, uid, interpreter)
     try:
         outcome = stand_in.check()
         if "error" in outcome:

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,28 @@ def test_as_root_the_program_runs_as_nobody(tmp_path):
 def test_without_pidfd_open_the_supervisor_polls_and_still_holds(stand_in):
     """An older container profile may refuse pidfd_open (434 on x86_64 and aarch64): the canary still passes."""
     assert stand_in.check({434: 1}) == {"ok": True}
+
+
+def test_the_runs_tree_dies_with_the_trainer(stand_in, tmp_path):
+    """A trainer killed mid-run (a preempted pod, kill -9): its supervisor notices and kills the tree."""
+    from tests.trainer.agents.sandbox.conftest import launch_as_trainer
+
+    code = DAEMON.replace("print(os.getpid(), flush=True)", "open('daemon.pid', 'w').write(str(os.getpid()))")
+    trainer, scratch_root = launch_as_trainer(stand_in, code + "time.sleep(10**6)\n")
+    try:
+        pid_files = []
+        for _ in range(200):
+            pid_files = list(scratch_root.glob("alignflow-sandbox-*/daemon.pid"))
+            if pid_files and pid_files[0].read_text():
+                break
+            time.sleep(0.05)
+        daemon = int(pid_files[0].read_text())
+        assert alive(daemon)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    for _ in range(100):
+        if not alive(daemon):
+            break
+        time.sleep(0.05)
+    assert not alive(daemon)
