@@ -2,7 +2,7 @@
 
 `run_python` writes the program into a new scratch folder and starts the supervisor (`_supervisor.py`,
 `python -I -S`, a clean environment, a new session), which confines, runs, limits and kills the program
-and answers JSON. What is readable inside: the interpreter and the system's library folders
+and answers. What is readable inside: the interpreter and the system's library folders
 (`readable_paths`), never the trainer's Secret folders, `/var/run/secrets`, `/proc` or the output folder.
 `check_sandbox` runs a canary that tries the escapes from inside and raises when one is not contained.
 See docs/sandbox.md for what this protects and what it does not.
@@ -15,6 +15,7 @@ import marshal
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -30,6 +31,7 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc
 # Where Kubernetes mounts service-account tokens and Secrets: never readable inside.
 SECRET_MOUNTS = ("/var/run/secrets", "/run/secrets")
 ENVIRONMENT_PASSED = ("TZ",)  # inherited variables the program may see; nothing else crosses over
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 SUPERVISOR_GRACE_SECONDS = 30  # beyond wall_seconds, before the supervisor itself is presumed stuck
 
 
@@ -63,6 +65,23 @@ def readable_paths(interpreter: str, environ: dict[str, str] | None = None) -> l
     return paths
 
 
+def default_interpreter() -> str:
+    """This Python; but when root runs the trainer (the program then runs as uid 65534) and this Python lies
+    where other users cannot reach it (a pyenv under /root), the system's python3, if one is reachable."""
+    if os.geteuid() != 0 or _reachable_by_others(sys.executable):
+        return sys.executable
+    return next((path for path in SYSTEM_PYTHONS if _reachable_by_others(path)), sys.executable)
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether a user who is neither owner nor group may execute `path` (every folder on the way searchable)."""
+    real = Path(os.path.realpath(path))
+    try:
+        return all(folder.stat().st_mode & stat.S_IXOTH for folder in [real, *real.parents])
+    except OSError:
+        return False
+
+
 def sandbox_environment(scratch: str) -> dict[str, str]:
     """The program's whole environment: a fixed minimum plus `ENVIRONMENT_PASSED`; no credentials."""
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
@@ -78,15 +97,15 @@ def run_python(code: str, *, limits: SandboxLimits | None = None, interpreter: s
     Args:
         code: The program's source.
         limits: Time, memory, process and output limits (default: `SandboxLimits()`).
-        interpreter: The Python that runs the program and the supervisor (default: this one). It runs
-            with `-I -S`, so only its standard library is importable.
+        interpreter: The Python that runs the program (default: `default_interpreter()`). It runs with
+            `-S -s`, so only its standard library is importable.
 
     Raises:
         SandboxUnavailableError: A mechanism the sandbox needs is missing here; the message names it.
         SandboxError: The supervisor itself failed or hung.
     """
     limits = limits or SandboxLimits()
-    interpreter = interpreter or sys.executable
+    interpreter = interpreter or default_interpreter()
     scratch = tempfile.mkdtemp(prefix="alignflow-sandbox-")
     try:
         Path(scratch, "main.py").write_text(code, encoding="utf-8")
