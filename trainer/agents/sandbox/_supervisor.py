@@ -240,6 +240,7 @@ def enter_supervisor_domain() -> None:
 
 
 def main() -> None:
+    """Read the request, run the program confined, answer with its result (or the setup error)."""
     request = marshal.loads(sys.stdin.buffer.read())
     limits = request["limits"]
     try:

@@ -49,6 +49,7 @@ class SandboxRequestHandler(BaseHTTPRequestHandler):
     server: SandboxService
 
     def do_GET(self) -> None:
+        """`/healthz` for anyone; `/v1/limits` with the token."""
         if self.path == "/healthz":
             self._reply(HTTPStatus.OK, {"status": "ok"})
         elif self._authorized():
@@ -58,12 +59,17 @@ class SandboxRequestHandler(BaseHTTPRequestHandler):
                 self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
 
     def do_POST(self) -> None:
+        """`/v1/run` with the token: run the program, answer its SandboxResult."""
         if not self._authorized():
             return
         if self.path != "/v1/run":
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit():
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": f"Content-Length is {length!r}, expected a byte count"})
+            return
+        length = int(length)
         if length > MAX_REQUEST_BYTES:
             self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"request of {length} bytes, at most "
                                                                        f"{MAX_REQUEST_BYTES}"})
@@ -143,6 +149,7 @@ def read_token(token_file: str | None, environ: dict[str, str]) -> str:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The server's command line (the chart's Deployment passes these flags)."""
     parser = argparse.ArgumentParser(prog="python -m trainer.agents.sandbox.server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free port)")
@@ -161,6 +168,7 @@ def ceiling_flag(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Check the sandbox, then serve until stopped; exit status 2 when it cannot start."""
     arguments = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     max_limits = SandboxLimits(**{name: getattr(arguments, f"ceiling_{name}") for name in SandboxLimits.model_fields})
