@@ -50,3 +50,21 @@ def test_sockets_and_namespaces_are_refused_and_ordinary_work_goes_on():
 
     assert in_child(filtered) == {"thread": "ran", "socketpair": "x", "udp": "EPERM", "unix socket": "EPERM",
                                   "user namespace": "EPERM", "fork": "ok"}
+
+
+HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "aarch64": "/usr/include/asm-generic/unistd.h"}
+
+
+@pytest.mark.parametrize("machine", HEADERS)
+def test_the_syscall_numbers_are_the_kernels(machine):
+    """Checked against the Linux UAPI headers where they are installed (linux-libc-dev)."""
+    import re
+    from pathlib import Path
+
+    header = Path(HEADERS[machine])
+    if not header.exists():
+        pytest.skip(f"{header} is not installed")
+    numbers = {name: int(number) for name, number in re.findall(r"#define __NR(?:3264)?_(\w+)\s+(\d+)\b",
+                                                                 header.read_text())}
+    assert {name: numbers.get(name) for name in _seccomp.ARCHITECTURES[machine][1]} == \
+        _seccomp.ARCHITECTURES[machine][1]
