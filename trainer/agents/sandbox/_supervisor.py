@@ -12,8 +12,8 @@ environment in a fresh scratch folder (its working directory) and in a new sessi
    nested Landlock domain (filesystem: read and execute only beneath the interpreter's folders, everything
    beneath the scratch folder; no TCP; no signals or abstract sockets outside) and the seccomp filter, and
    executes the interpreter on `main.py`;
-3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit, or until the
-   trainer is gone;
+3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit, while the run's
+   processes together hold at most `memory_bytes`, and while the trainer lives;
 4. then `kill(-1, SIGKILL)`: inside its own domain that reaches exactly the processes of the nested one,
    the program's whole tree, whatever sessions or process groups they made, and nothing else (the kernel
    checks the domain; the fork of a process already sent SIGKILL fails, so none slips through), reaps
@@ -50,7 +50,10 @@ SIGKILL = 9  # Linux's, on every architecture (the signal module would import en
 NOBODY = 65534
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom")
 CHUNK = 1 << 16
-PARENT_CHECK_SECONDS = 0.5  # how soon the program's tree dies after the trainer did
+# How often the supervisor checks the run's total memory and its parent: overshoot and reaction time, against
+# the supervisor's own CPU (a few /proc reads per process each time).
+POLL_SECONDS = 0.1
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # Runs main.py as `python main.py` would, but its tracebacks say `main.py`, not the random scratch path, so
 # the same program prints the same thing every run (the environment fixes PYTHONHASHSEED for the same reason).
 BOOTSTRAP = """\
@@ -161,33 +164,63 @@ def start_program(request: dict) -> tuple[int, int, int]:
     return pid, out_read, err_read
 
 
-def collect(pid: int, pipes: dict[int, bytearray], *, wall_seconds: float, max_output_bytes: int) -> dict:
-    """Read the pipes until the program exits, the deadline passes, the output outgrows its limit or the
-    trainer is gone (this process was reparented: nobody waits for the answer any more)."""
-    deadline, pidfd, parent = time.monotonic() + wall_seconds, _open_pidfd(pid), os.getppid()
-    open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False}
+def collect(pid: int, pipes: dict[int, bytearray], limits: dict) -> dict:
+    """Read the pipes until the program exits, the deadline passes, the output outgrows its limit, the
+    processes together hold more than `memory_bytes`, or the trainer is gone (this process was reparented:
+    nobody waits for the answer any more)."""
+    deadline, pidfd, parent = time.monotonic() + limits["wall_seconds"], _open_pidfd(pid), os.getppid()
+    open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False, "memory_exceeded": False}
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or os.getppid() != parent:
             outcome["timed_out"] = True
             break
         watched = [*open_pipes] + ([pidfd] if pidfd is not None else [])
-        ready, _, _ = select.select(watched, [], [], min(remaining, PARENT_CHECK_SECONDS if pidfd is not None
-                                                         else 0.05))
+        ready, _, _ = select.select(watched, [], [], min(remaining, POLL_SECONDS))
         for descriptor in ready:
             if descriptor != pidfd:
                 chunk = os.read(descriptor, CHUNK)
                 pipes[descriptor] += chunk
                 if not chunk:
                     open_pipes.discard(descriptor)
-        if sum(map(len, pipes.values())) > max_output_bytes:
+        if sum(map(len, pipes.values())) > limits["max_output_bytes"]:
             outcome["truncated"] = True
             break
         if pidfd in ready or pidfd is None and _has_exited(pid):
             break
+        if resident_bytes(os.getpid()) > limits["memory_bytes"]:
+            outcome["memory_exceeded"] = True
+            break
     if pidfd is not None:
         os.close(pidfd)
     return outcome
+
+
+def resident_bytes(root: int) -> int:
+    """Resident memory of every descendant of `root` (pages a fork shares are counted in each process, so
+    this errs high). Orphans are reparented to the supervisor, so its descendants are the whole run."""
+    total, pending = 0, _children(root)
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * PAGE_SIZE
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        pending += _children(pid)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of `pid`, from every thread's `children` list (CONFIG_PROC_CHILDREN; empty without)."""
+    found = []
+    try:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as children:
+                found += [int(child) for child in children.read().split()]
+    except OSError:
+        pass  # the process ended, or the kernel does not list children
+    return found
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -251,10 +284,10 @@ def main() -> None:
         sys.stdout.buffer.write(marshal.dumps({"setup_error": detail}))
         return
     pipes = {out: bytearray(), err: bytearray()}
-    outcome = collect(pid, pipes, wall_seconds=limits["wall_seconds"], max_output_bytes=limits["max_output_bytes"])
+    outcome = collect(pid, pipes, limits)
     status = stop_everything(pid)
     drain(pipes, limits["max_output_bytes"])
-    stopped = outcome["timed_out"] or outcome["truncated"]
+    stopped = outcome["timed_out"] or outcome["truncated"] or outcome["memory_exceeded"]
     exit_code = None if stopped or status is None else os.waitstatus_to_exitcode(status)
     output, budget = [], limits["max_output_bytes"]
     for data in pipes.values():

@@ -25,8 +25,9 @@ class SandboxLimits(Section):
         "CPU time limit in seconds of each process (RLIMIT_CPU): SIGXCPU when it is used up, SIGKILL a second "
         "later."))
     memory_bytes: int = Field(1 << 30, ge=64 << 20, description=(
-        "Address-space limit in bytes of each process (RLIMIT_AS): a larger allocation fails with "
-        "MemoryError. At least 64 MiB (the interpreter needs about 30)."))
+        "Memory limit in bytes: the address space of each process (RLIMIT_AS: a larger allocation fails with "
+        "MemoryError) and the resident memory of all the run's processes together (checked every 0.1 s: the "
+        "run is killed and the result says memory_exceeded). At least 64 MiB (the interpreter needs about 30)."))
     max_processes: int = Field(16, ge=1, le=1024, description=(
         "How many more processes and threads the program may start (RLIMIT_NPROC above the uid's current "
         "count); a fork past it fails with EAGAIN."))
@@ -47,11 +48,13 @@ class SandboxResult:
     """Standard error, likewise; it shares the `max_output_bytes` budget with stdout."""
     exit_code: int | None
     """The program's exit status (negative: killed by that signal, e.g. -24 for SIGXCPU); None when the
-    sandbox stopped it (timed out or truncated)."""
+    sandbox stopped it (timed out, truncated or memory exceeded)."""
     timed_out: bool
     """The wall-clock limit passed and the process tree was killed."""
     truncated: bool
     """The output outgrew `max_output_bytes`: it was cut and the process tree was killed."""
+    memory_exceeded: bool = False
+    """The run's processes together held more than `memory_bytes`, and the process tree was killed."""
 
     def to_dict(self) -> dict:
         """The result as JSON-ready data (the remote service's response body)."""

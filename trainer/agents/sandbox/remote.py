@@ -41,7 +41,7 @@ class RemoteSandbox:
         limits = limits or SandboxLimits()
         body = {"code": code, "limits": limits.model_dump()}
         answer = self._request("POST", "/v1/run", body, timeout=limits.wall_seconds + NETWORK_MARGIN_SECONDS)
-        return SandboxResult(**{field.name: answer[field.name] for field in fields(SandboxResult)})
+        return SandboxResult(**{field.name: answer[field.name] for field in fields(SandboxResult) if field.name in answer})
 
     def check(self, limits: SandboxLimits | None = None) -> None:
         """Check at start-up that the service answers, takes the token and allows `limits`.

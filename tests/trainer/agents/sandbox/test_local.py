@@ -167,6 +167,21 @@ def test_allocating_10_gb_fails_inside(stand_in):
     assert "MemoryError" in result["stderr"] and result["exit_code"] == 1
 
 
+def test_memory_held_across_processes_is_capped_too(stand_in):
+    """Each process stays under its RLIMIT_AS; together they pass memory_bytes, and the run is stopped."""
+    code = textwrap.dedent("""
+        import os, time
+        for _ in range(4):
+            if os.fork() == 0:
+                block = b"x" * (60 << 20)
+                time.sleep(60)
+        time.sleep(60)
+    """)
+    result = stand_in.run(code, memory_bytes=128 << 20, wall_seconds=30)
+    assert result["memory_exceeded"] and result["exit_code"] is None and not result["timed_out"]
+    assert result["seconds"] < 20
+
+
 def test_printing_1_gb_is_cut_and_stopped_early(stand_in):
     code = "import sys\nline = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(line)"
     result = stand_in.run(code, max_output_bytes=1 << 20, wall_seconds=20)
