@@ -21,6 +21,7 @@ EVERYTHING = {
     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
     "extraVolumes": [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}],
     "extraVolumeMounts": [{"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+    "sandbox": {"enabled": True, "tokenSecret": "sandbox-token"},
 }
 
 

@@ -1,0 +1,1 @@
+"""Agents: multi-turn episodes with environments and tools."""
