@@ -183,7 +183,7 @@ def decode(args: argparse.Namespace, trained: dict, env, device) -> dict[str, fl
     decoded = {"decode_tokens_per_second": responses.numel() / seconds, "decode_steps": responses.shape[1],
                "weight_sync_seconds": sync_seconds}
     if can_run_vllm(args, env):
-        decoded |= decode_with_vllm(args, state, trained["shape"], prompts, options, device)
+        decoded |= decode_with_vllm(trained["model"], trained["shape"], prompts, options)
     return decoded
 
 
@@ -194,8 +194,12 @@ def can_run_vllm(args: argparse.Namespace, env) -> bool:
     return not args.dry_run and env.world_size == 1 and find_spec("vllm") is not None
 
 
-def decode_with_vllm(args: argparse.Namespace, state: dict, shape: dict, prompts, options, device) -> dict[str, float]:
-    """The same greedy decode with `rollout.engine: vllm` (bf16): start, weight push (`load_weights`), tokens/s."""
+def decode_with_vllm(policy, shape: dict, prompts, options) -> dict[str, float]:
+    """The same greedy decode with `rollout.engine: vllm` (bf16): start, weight sync, tokens/s.
+
+    The trained weights go in as the online stages send them (`sync_from`: FSDP2 shards gathered one
+    tensor at a time and streamed into vLLM's `reload_weights`).
+    """
     import tempfile
 
     import torch
@@ -212,7 +216,7 @@ def decode_with_vllm(args: argparse.Namespace, state: dict, shape: dict, prompts
         start_seconds = time.perf_counter() - started
     try:
         started = time.perf_counter()
-        engine.load_weights({name: tensor.to(device) for name, tensor in state.items()})  # the trained weights
+        engine.sync_from(policy)  # the trained weights, as the online stages push them
         sync_seconds = time.perf_counter() - started
         mask = torch.ones_like(prompts)
         engine.generate(prompts[:, :8], mask[:, :8], options.model_copy(update={"max_new_tokens": 4}),

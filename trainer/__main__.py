@@ -3,6 +3,9 @@
 The command a PyTorchJob runs under torchrun. It parses the config, runs the stage, and always
 leaves the process group; a bad config or bad data ends with one message (a line per problem)
 naming where it is, and exit code 2.
+
+Nothing here imports torch: `--help`, `--help-config` and a bad config answer in well under a
+second; the stage modules import it when a stage runs.
 """
 
 from __future__ import annotations
@@ -11,13 +14,11 @@ import argparse
 import logging
 import sys
 
-import torch.distributed as dist
-
 from trainer.config import COMMAND_CONFIGS, describe_fields, load_config
 from trainer.errors import AlignflowError, ConfigError
 from trainer.lifecycle import preemption
 from trainer.redact import redact_text
-from trainer.runtime import read_distributed_env, setup_logging
+from trainer.runtime import leave_process_group, read_distributed_env, setup_logging
 
 logger = logging.getLogger("trainer")
 
@@ -83,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_text(f"{type(err).__name__}: {err}"), file=sys.stderr)
         return getattr(err, "exit_code", 2)  # RunFinished: 0
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
     if preemption.stopped_by_signal():  # stopped early with a checkpoint: 143 (SIGTERM) or 130 (SIGINT)
         print(f"Preempted: stopped with a checkpoint by signal {preemption.signal_received()}; rerun the same "
               f"command to resume (exit status {preemption.exit_code()})", file=sys.stderr)

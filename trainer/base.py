@@ -188,11 +188,24 @@ class OLTrainer(ABC):
 
     def _setup_update_phase_dataload(self) -> None:
         """Build the dataloader over `data_buffer` for the update phase (implement this or the seed's spelling)."""
+        if not self._overrides("_setup_update_phrase_dataload"):
+            raise_missing_update_setup(type(self))
         self._setup_update_phrase_dataload()
 
     def _setup_update_phrase_dataload(self) -> None:
         """The seed's (misspelled) name of `_setup_update_phase_dataload`; `fit` calls this one, as the seed does."""
+        if not self._overrides("_setup_update_phase_dataload"):
+            raise_missing_update_setup(type(self))
         self._setup_update_phase_dataload()
+
+    def _overrides(self, name: str) -> bool:
+        """Whether this object's class implements `name` itself, rather than inheriting `OLTrainer`'s alias.
+
+        Each alias calls the other only when the other is implemented: two base aliases calling each
+        other would recurse until the stack runs out (reached through `super()`, or on an object
+        made without `__new__`'s check).
+        """
+        return getattr(type(self), name) is not getattr(OLTrainer, name)
 
     @abstractmethod
     def _save_checkpoint(self, episode: int) -> None:
@@ -244,3 +257,9 @@ class OLTrainer(ABC):
                     self._save_checkpoint(episode + 1)
             if num_episodes > first_episode and not self._should_save(num_episodes):
                 self._save_checkpoint(num_episodes)
+
+
+def raise_missing_update_setup(cls: type) -> None:
+    """The one error for an online trainer that implements neither name of the update-phase setup."""
+    raise NotImplementedError(f"{cls.__name__} implements neither _setup_update_phase_dataload nor the seed's "
+                              "spelling _setup_update_phrase_dataload; implement one of them")

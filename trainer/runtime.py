@@ -2,6 +2,10 @@
 
 torchrun (and the Training Operator, through torchrun) describes the run in environment variables.
 This is the one module that reads them; everything else receives a `DistributedEnv`.
+
+torch is imported by the functions that use it, not with this module: the entry point reads the
+environment and the config first, so `--help`, `--help-config` and a bad config answer without
+loading torch (seconds).
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from trainer.redact import install_log_redaction
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +125,16 @@ def configure_threads(requested: int | None, environ: dict[str, str] | None = No
         threads = max(1, cpus // local_ranks)
         reason = (f"{cpus} CPUs available (cgroup quota {'none' if quota is None else f'{quota:g}'}) "
                   f"shared by {local_ranks} rank(s) on this node")
+    import torch
+
     torch.set_num_threads(threads)
     logger.info("torch intra-op threads: %d (%s)", threads, reason)
     return threads
 
 
 def pick_device(env: DistributedEnv) -> torch.device:
+    import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda", env.local_rank % torch.cuda.device_count())
     return torch.device("cpu")
@@ -133,6 +142,9 @@ def pick_device(env: DistributedEnv) -> torch.device:
 
 def init_process_group(env: DistributedEnv, device: torch.device) -> None:
     """Join the process group torchrun set up: nccl on CUDA, gloo on CPU. No-op for one process."""
+    import torch
+    import torch.distributed as dist
+
     if env.is_distributed and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -141,6 +153,8 @@ def init_process_group(env: DistributedEnv, device: torch.device) -> None:
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks (in place and returned); identity outside a process group."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
@@ -148,12 +162,27 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 def any_rank_failed(failed: bool, device: torch.device) -> bool:
     """Whether this or any other rank failed (a collective: every rank must call it, failed or not)."""
+    import torch
+
     return bool(all_reduce_sum(torch.tensor([1.0 if failed else 0.0], device=device)).item())
 
 
 def barrier() -> None:
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.barrier()
+
+
+def leave_process_group() -> None:
+    """Destroy the process group if this process joined one.
+
+    A process that never imported `torch.distributed` has none, so this imports nothing then (the
+    entry point calls it on every exit, including a bad config's).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def setup_logging(env: DistributedEnv) -> None:

@@ -291,6 +291,36 @@ def test_subclass_implementing_neither_spelling_of_the_setup_is_abstract():
         Incomplete()
 
 
+@pytest.mark.parametrize("name", ["_setup_update_phase_dataload", "_setup_update_phrase_dataload"])
+def test_an_update_setup_reaching_the_base_aliases_is_one_clear_error_not_a_recursion(name):
+    # A subclass whose own setup defers to the base (`super()`) implements neither for real; before,
+    # the base's two spellings called each other until the stack ran out.
+    class WithoutSetup(RecordingOLTrainer):
+        _setup_update_phase_dataload = OLTrainer._setup_update_phase_dataload
+
+    class Deferring(WithoutSetup):
+        pass
+
+    def defer_to_base(self) -> None:
+        getattr(super(Deferring, self), name)()
+
+    setattr(Deferring, name, defer_to_base)
+    trainer = Deferring()
+    with pytest.raises(NotImplementedError, match="Deferring implements neither _setup_update_phase_dataload nor "
+                                                  "the seed's spelling _setup_update_phrase_dataload"):
+        trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
+
+
+def test_the_base_aliases_on_an_object_made_without_the_instantiation_check_raise_one_clear_error():
+    class Incomplete(SeedSpelledOLTrainer):
+        _setup_update_phrase_dataload = OLTrainer._setup_update_phrase_dataload
+
+    trainer = object.__new__(Incomplete)  # skips `OLTrainer.__new__`, as unpickling by hand could
+    for name in ("_setup_update_phase_dataload", "_setup_update_phrase_dataload"):
+        with pytest.raises(NotImplementedError, match="Incomplete implements neither"):
+            getattr(trainer, name)()
+
+
 def test_base_callback_hooks_take_the_seeds_arguments_and_are_no_ops():
     callback = Callback()
     for hook in ("on_fit_start", "on_fit_end", "on_make_experience_start", "on_learn_batch_start"):

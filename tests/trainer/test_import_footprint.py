@@ -60,3 +60,17 @@ def test_check_sees_an_eager_import():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert {"torch.distributed.checkpoint", "sympy"} <= set(result.stdout.split())
+
+
+def test_help_config_and_a_bad_config_answer_without_loading_torch(tmp_path):
+    """`python -m trainer` reads its flags and its config before any stage module: `--help-config` and a
+    config error end without importing torch (seconds per process; the stages import it when they run)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("output_dir: out\nmodel: {path: m}\ndata: {train_path: t}\nno_such_key: 1\n")
+    script = ("import sys, trainer.__main__ as entry\n"
+              "codes = [entry.main(['sft', '--help-config']), entry.main(['sft', '--config', sys.argv[1]])]\n"
+              "print(codes, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[0, 2] False"
+    assert "no_such_key" in result.stderr

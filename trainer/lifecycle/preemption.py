@@ -28,9 +28,6 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
-import torch
-import torch.distributed as dist
-
 logger = logging.getLogger(__name__)
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -120,6 +117,9 @@ def stop_requested() -> bool:
     Returns:
         True on every rank if one of them got a signal; the caller then saves and stops.
     """
+    import torch
+    import torch.distributed as dist
+
     local = _state.signal_number or 0
     if dist.is_initialized() and dist.get_world_size() > 1:
         flag = torch.tensor([local], dtype=torch.int64)

@@ -1,9 +1,8 @@
 """Rollout engines: what samples the responses of the online stages, behind one small interface.
 
 `RolloutEngine.generate` turns a batch of left-padded prompts into sampled response tokens (and,
-where the engine computes them, each sampled token's log-prob); `load_weights` takes the policy's
-state dict, `sync_from` brings the engine up to the trained actor after its updates, and `close`
-frees what the engine holds. The colocated loop (`trainer.online.loop`), its evaluation,
+where the engine computes them, each sampled token's log-prob); `sync_from` brings the engine up to
+the trained actor after its updates, and `close` frees what the engine holds. The colocated loop (`trainer.online.loop`), its evaluation,
 `python -m trainer evaluate` and the asynchronous explorer (`trainer.asynchronous.explorer`) all
 sample through it; what happens to the tokens afterwards (stop tokens, masks, decoding, scoring) is
 `trainer.online.rollout`, the same for every engine.
@@ -97,12 +96,12 @@ class RolloutEngine(ABC):
         """
 
     @abstractmethod
-    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Take the policy's weights (an unwrapped model's `state_dict`)."""
-
     def sync_from(self, policy: nn.Module) -> None:
-        """Bring the engine up to `policy`'s current weights (after optimizer steps)."""
-        self.load_weights(unwrap_model(policy).state_dict())
+        """Bring the engine up to `policy`'s current weights (after optimizer steps).
+
+        Args:
+            policy: The trained actor, possibly wrapped by a booster or sharded (FSDP2).
+        """
 
     def close(self) -> None:
         """Free what the engine holds (its own weights, caches, threads); the `hf` engine holds nothing."""
@@ -147,6 +146,7 @@ class HFGenerateEngine(RolloutEngine):
         return SampledResponses(output[:, prompt_ids.shape[1]:])  # (B, R)
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Load a whole state dict into the sampled model (`sync_from`; a gathered copy in `benchmarks/gpu_check.py`)."""
         unwrap_model(self.model).load_state_dict(state_dict)
 
     def sync_from(self, policy: nn.Module) -> None:

@@ -39,7 +39,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +196,6 @@ class VLLMEngine(RolloutEngine):
         ids = right_pad([list(c.token_ids) for c in completions], pad_token_id, torch.long)  # (B, R)
         logps = right_pad([sampled_logps(c) for c in completions], 0.0, torch.float32)  # (B, R)
         return SampledResponses(ids.to(prompt_ids.device), logps.to(prompt_ids.device))
-
-    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Push `state_dict` (whole tensors, named as `save_pretrained` writes them) into the running engine;
-        `sync_from` renames a policy's own weights so."""
-        self.push(state_dict.items())
 
     def sync_from(self, policy: nn.Module) -> None:
         self.push(checkpoint_weights(policy, self.lora_scale))

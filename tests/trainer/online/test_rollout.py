@@ -19,7 +19,7 @@ class FixedEngine(RolloutEngine):
     def generate(self, prompt_ids, prompt_mask, options, *, stop_token_ids, pad_token_id):
         return SampledResponses(self.responses)
 
-    def load_weights(self, state_dict) -> None:
+    def sync_from(self, policy) -> None:
         pass
 
 
