@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.advantages import (
     group_advantages,
     informative_rows,
@@ -272,6 +273,7 @@ class PPOTrainer(OLTrainer):
         self.kl_controller = build_kl_controller(config)
         self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
                                                                              engine_setup(config))
+        self.agent = build_agent_rollout(config.environment, tokenizer)  # None: one response per prompt
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
@@ -283,8 +285,11 @@ class PPOTrainer(OLTrainer):
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
+        sample_and_score = self.agent.generate_and_score if self.agent is not None else generate_and_score
+        rollout = sample_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
         self.samples = rollout.samples(SAMPLES_KEPT)
+        if rollout.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
+            self.tracker.log_metrics(rollout.metrics, self.global_step)
         return rollout.batch, rollout.scores
 
     @torch.no_grad()
@@ -430,7 +435,7 @@ class PPOTrainer(OLTrainer):
         self.engine.sync_from(self.actor)  # an engine with its own weights has not seen the last episode's updates
         greedy = self.config.generation.model_copy(update={"temperature": 0.0})
         means, _ = mean_score(self.engine, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
-                              plugin.world_size)
+                              plugin.world_size, agent=self.agent)
         return means[0]
 
 
