@@ -47,7 +47,7 @@ def rows(count):
     return [{"prompt": [{"role": "user", "content": f"{n}*3="}], "answer": str(n)} for n in range(1, count + 1)]
 
 
-def run(setup, name, count=8, generation=SAMPLING, **limits):
+def run(setup, name, count=6, generation=SAMPLING, **limits):
     tokenizer, engine, scorer = setup
     torch.manual_seed(0)
     agent = AgentRollout(EnvironmentConfig(name=name, **limits), tokenizer)
@@ -96,23 +96,23 @@ def test_an_episode_is_one_sequence_of_sampled_turns_and_observation_tokens(setu
 def test_finished_episodes_drop_out_of_the_next_generate_call(setup):
     _, rollout = run(setup, "odd", max_turns=4)
     engine = setup[1]
-    turns = rollout.metrics["agent/turns_per_episode"] * 8
-    assert engine.rows_per_call[0] == 8 and engine.rows_per_call[1] <= 4  # odd answers end after one turn
+    turns = rollout.metrics["agent/turns_per_episode"] * 6
+    assert engine.rows_per_call[0] == 6 and engine.rows_per_call[1] <= 3  # odd answers end after one turn
     assert sum(engine.rows_per_call) == turns and engine.rows_per_call == sorted(engine.rows_per_call, reverse=True)
 
 
 def test_total_token_limit_cuts_and_marks_episodes(setup):
     tokenizer = setup[0]
     _, rollout = run(setup, "echo", max_turns=50, max_total_tokens=20)
-    prompt_lengths = torch.tensor([len(encode_prompt(tokenizer, row["prompt"])) for row in rows(8)])
+    prompt_lengths = torch.tensor([len(encode_prompt(tokenizer, row["prompt"])) for row in rows(6)])
     after_prompt = rollout.batch["attention_mask"].sum(-1) - prompt_lengths  # (B,)
-    assert rollout.batch["truncated"].tolist() == [1.0] * 8
+    assert rollout.batch["truncated"].tolist() == [1.0] * 6
     assert (after_prompt <= 20).all() and (rollout.batch["action_mask"].sum(-1) > 0).all()
 
 
 def test_environment_steps_run_concurrently(setup):
-    _, rollout = run(setup, "slow", max_concurrent_episodes=8)
-    assert rollout.metrics["agent/environment_seconds"] < 8 * 0.3 / 2  # one after another would take 2.4 s
+    _, rollout = run(setup, "slow", max_concurrent_episodes=6)
+    assert rollout.metrics["agent/environment_seconds"] < 6 * 0.3 / 2  # one after another would take 1.8 s
 
 
 def test_a_raising_environment_fails_naming_it(setup):

@@ -1,0 +1,48 @@
+"""Every online estimator trains on multi-turn episodes unchanged: advantages, values and the loss only on model tokens."""
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import make_config
+from trainer.lifecycle.context import build_context
+from trainer.online.stages import build_online_trainer
+from trainer.tiny.agent_task import write_agent_task
+
+ESTIMATORS = [("grpo", {"advantage_estimator": "grpo", "mask_truncated_completions": True}),
+              ("grpo", {"advantage_estimator": "rloo", "beta": 0.1}),
+              ("grpo", {"advantage_estimator": "reinforce_plus_plus"}),
+              ("ppo", {})]
+
+
+@pytest.fixture(scope="module")
+def agent_files(tmp_path_factory):
+    return write_agent_task(tmp_path_factory.mktemp("agent-task"), num_train=16, num_eval=4)
+
+
+@pytest.mark.parametrize(("stage", "options"), ESTIMATORS, ids=["grpo", "rloo", "reinforce_plus_plus", "ppo"])
+def test_estimators_consume_episodes_with_model_tokens_only(stage, options, tmp_path, tiny_model, agent_files):
+    section = {"num_episodes": 1, "rollout_batch_size": 2, "mini_batch_size": 8, **options}
+    if stage == "grpo":
+        section["num_generations"] = 2
+    config = make_config(stage, tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 6, "temperature": 1.0, "stop": ["}"]},
+                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
+                         environment={"name": "tiny_calculator", "max_turns": 2, "max_total_tokens": 24},
+                         **{stage: section})
+    trainer = build_online_trainer(config, build_context(config))
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
+    experience = trainer._experience
+    off_action = experience.action_mask == 0
+    assert (experience.advantages[off_action] == 0).all()
+    if experience.values is not None:  # PPO's critic: values only where the model acted
+        assert (experience.values[off_action] == 0).all()
+    if experience.loss_mask is not None:
+        assert (experience.loss_mask[off_action] == 0).all()
+        truncated = experience.truncated.bool()
+        if options.get("mask_truncated_completions"):
+            assert (experience.loss_mask[truncated] == 0).all()
+    assert experience.input_ids.shape[1] <= 32 + 24  # prompt + the episode's token budget
+    assert all(math.isfinite(value) for value in trainer.last_metrics.values())
+    assert len(trainer.samples) > 0 and torch.is_tensor(experience.truncated)
