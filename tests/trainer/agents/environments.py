@@ -38,3 +38,15 @@ def hang(seconds: float) -> str:
     """Sleep (a tool that hangs)."""
     time.sleep(seconds)
     return "woke"
+
+
+class MarkedEchoEnvironment(EchoEnvironment):
+    """`EchoEnvironment` that appends a line to the file AGENT_TEST_MARKER at every step (so a test can kill a
+    run in the middle of an episode)."""
+
+    def step(self, turn):
+        import os
+
+        with open(os.environ["AGENT_TEST_MARKER"], "a") as marker:
+            marker.write("step\n")
+        return super().step(turn)
