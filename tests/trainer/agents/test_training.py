@@ -46,3 +46,22 @@ def test_estimators_consume_episodes_with_model_tokens_only(stage, options, tmp_
     assert experience.input_ids.shape[1] <= 32 + 24  # prompt + the episode's token budget
     assert all(math.isfinite(value) for value in trainer.last_metrics.values())
     assert len(trainer.samples) > 0 and torch.is_tensor(experience.truncated)
+
+
+def test_the_asynchronous_explorer_runs_episodes(tmp_path, tiny_model, agent_files, monkeypatch):
+    from trainer.asynchronous.buffer import QueueBuffer
+    from trainer.asynchronous.explorer import Explorer
+
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", "echo=tests.trainer.agents.environments:EchoEnvironment")
+    config = make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 4, "temperature": 1.0, "stop": list("abcdefghijklmnop")},
+                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
+                         environment={"name": "echo", "max_turns": 3, "max_total_tokens": 40},
+                         grpo={"rollout_batch_size": 2, "num_generations": 2, "mini_batch_size": 4})
+    explorer = Explorer(config, buffer=QueueBuffer())
+    torch.manual_seed(0)
+    experience = explorer.make_batch()
+    turns_per_row = [int(((row[1:] == 1) & (row[:-1] == 0)).sum()) for row in experience.action_mask]  # (B,)
+    assert max(turns_per_row) > 1  # episodes of several model turns, observation tokens between them
+    off_action = experience.action_mask == 0
+    assert (experience.behaviour_logps[off_action] == 0).all()  # staleness weights only on the model's tokens
