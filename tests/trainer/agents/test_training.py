@@ -65,3 +65,31 @@ def test_the_asynchronous_explorer_runs_episodes(tmp_path, tiny_model, agent_fil
     assert max(turns_per_row) > 1  # episodes of several model turns, observation tokens between them
     off_action = experience.action_mask == 0
     assert (experience.behaviour_logps[off_action] == 0).all()  # staleness weights only on the model's tokens
+
+
+def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_files):
+    from trainer.config import build_config
+    from trainer.online.evaluate import run_evaluation
+
+    config = build_config("evaluate", {
+        "output_dir": str(tmp_path / "eval"), "model": {"path": str(tiny_model)}, "baseline_path": str(tiny_model),
+        "prompts_path": str(agent_files["eval_prompts"]), "reward": {"function": "tiny_calculator"},
+        "generation": {"max_new_tokens": 8, "temperature": 0.0},
+        "environment": {"name": "tiny_calculator", "max_turns": 2}})
+    metrics = run_evaluation(config)
+    assert metrics["reward"] == metrics["baseline_reward"] == 0.0  # a random model never answers a product
+    samples = (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()
+    assert len(samples) == 4  # one episode per held-out row, rendered for the report
+
+
+def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_path, tiny_model, agent_files):
+    from trainer.agents.rollout import AgentRollout
+    from trainer.config.environment import EnvironmentConfig
+    from trainer.errors import ConfigError
+    from trainer.tiny.model import build_tokenizer
+
+    with pytest.raises(ConfigError, match="environment.max_turn"):
+        make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], reward={"function": "tiny_calculator"},
+                    environment={"name": "tools", "max_turn": 3})
+    with pytest.raises(ConfigError, match="environment.tools: 'os:system' is not on the platform's allow-list"):
+        AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())
