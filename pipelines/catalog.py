@@ -8,6 +8,7 @@ from trainer.errors import PipelineError
 
 
 def pipelines() -> dict[str, Callable]:
+    from pipelines.rlhf_agent import rlhf_agent
     from pipelines.rlhf_dpo import rlhf_dpo
     from pipelines.rlhf_grpo import rlhf_grpo
     from pipelines.rlhf_kto import rlhf_kto
@@ -15,7 +16,7 @@ def pipelines() -> dict[str, Callable]:
     from pipelines.rlhf_ppo import rlhf_ppo
 
     return {"rlhf-dpo": rlhf_dpo, "rlhf-ppo": rlhf_ppo, "rlhf-grpo": rlhf_grpo, "rlhf-kto": rlhf_kto,
-            "rlhf-orpo": rlhf_orpo}
+            "rlhf-orpo": rlhf_orpo, "rlhf-agent": rlhf_agent}
 
 
 def get_pipeline(name: str) -> Callable:

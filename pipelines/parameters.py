@@ -19,6 +19,9 @@ import inspect
 from collections.abc import Callable
 
 SHARED = {
+    "environment": "The environment multi-turn episodes run in, by a name the platform allows (built-in `tools`, or "
+                   "one registered in policy.environments): the GRPO stage trains on its episodes and the evaluation "
+                   "scores them (docs/agents.md).",
     "base_model_uri": "The model to start from: a Hugging Face model folder (config, weights, tokenizer) as an s3:// "
                       "or minio:// URI (a local path with launcher_mode local). Read in place, not copied.",
     "sft_train_uri": "SFT training rows (prompt and completion, or chat messages) as JSONL or Parquet, or a saved HF "

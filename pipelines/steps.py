@@ -85,16 +85,20 @@ def sft_stage(base_model_uri: str, inputs: dsl.PipelineTask, stage: dict, sft_lr
 def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTask, inputs: dsl.PipelineTask,
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
                           lineage: dsl.PipelineTask, pipeline: str, scheduling: dict,
-                          reward_model: dsl.PipelineTask | None = None, rollout_engine: str = "hf") -> None:
+                          reward_model: dsl.PipelineTask | None = None, rollout_engine: str = "hf",
+                          environment: str = "") -> None:
     """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher.
 
     The evaluation scores the registry's current champion too, in the same job on the same prompts,
     and logs its metrics under the parent run whatever the gate decides. The gate registers the
     version (alias `candidate`) and moves `champion` when it also beats the champion's live score
     (components/register). Neither step is cached: the champion changes between runs. `rollout_engine`
-    samples the answers (`hf`, or `vllm` on the trainer image's vLLM variant).
+    samples the answers (`hf`, or `vllm` on the trainer image's vLLM variant); with an `environment`, each
+    held-out prompt is a multi-turn episode in it.
     """
     extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
+    if environment:
+        extra["environment"] = environment
     evaluation = as_step(evaluate_model(model=candidate.outputs["model"], baseline=baseline.outputs["model"],
                                         prompts=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                         max_new_tokens=max_new_tokens, registered_model_name=registered_model_name,

@@ -22,6 +22,7 @@ def evaluate_model(
     max_new_tokens: int = 256,
     launcher_mode: str = "kubernetes",
     rollout_engine: str = "hf",
+    environment: str = "",
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -57,6 +58,8 @@ def evaluate_model(
             its nodes as local processes.
         rollout_engine: What samples the answers: `hf` (Hugging Face `generate`) or `vllm` (each model loaded into
             vLLM's engine; runs the trainer image's vLLM variant).
+        environment: Score multi-turn episodes in this allowed environment (as the agent stage trained them;
+            docs/agents.md); empty scores one response per prompt.
         trainer_image: Image of the training job; empty uses the platform's trainer image.
         num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

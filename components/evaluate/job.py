@@ -27,6 +27,7 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
                    "model_path": reward_model.uri if reward_model is not None else None},
         "generation": {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0},
         "rollout": {"engine": params.get("rollout_engine") or "hf"},
+        "environment": {"name": params["environment"]} if params.get("environment") else None,
     }
 
 

@@ -25,6 +25,7 @@ def train_grpo(
     settings: dict = {},
     launcher_mode: str = "kubernetes",
     rollout_engine: str = "hf",
+    environment: str = "",
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -54,6 +55,8 @@ def train_grpo(
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.
         rollout_engine: What samples the responses: `hf` (HF `generate` on the policy) or `vllm` (the image's vLLM variant).
+        environment: Multi-turn episodes in this allowed environment (`environment.name`, docs/agents.md; its
+            limits and tools through `settings`); empty samples one response per prompt.
         trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).
         num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

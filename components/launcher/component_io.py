@@ -51,6 +51,8 @@ def stage_config(stage: str, params: dict[str, Any]) -> dict:
             config["reward"] = {"model_path": params["reward_model"].uri}
         if stage == "ppo" and params.get("reward_model") is not None:
             set_dotted(config, "ppo.critic_model_path", params["reward_model"].uri)
+    if params.get("environment"):  # multi-turn episodes (trainer.agents)
+        set_dotted(config, "environment.name", params["environment"])
     for key, value in (params.get("settings") or {}).items():
         set_dotted(config, key, value)
     return config

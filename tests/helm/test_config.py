@@ -16,7 +16,8 @@ KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LA
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
         "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
         "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
-        "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
+        "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_ENVIRONMENTS", "ALIGNFLOW_ALLOWED_ENVIRONMENT_MODULES",
+        "ALIGNFLOW_TOOLS", "ALIGNFLOW_ALLOWED_TOOL_MODULES", "ALIGNFLOW_AFFINITY", "ALIGNFLOW_CPU_REQUEST", "ALIGNFLOW_CPU_LIMIT",
         "ALIGNFLOW_MEMORY_REQUEST", "ALIGNFLOW_MEMORY_LIMIT", "ALIGNFLOW_SHM_SIZE", "ALIGNFLOW_ACTIVE_DEADLINE_SECONDS",
         "ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "ALIGNFLOW_POLL_SECONDS", "ALIGNFLOW_S3_RETRY_SECONDS",
         "ALIGNFLOW_JOB_KIND", "ALIGNFLOW_TRAINER_RUNTIME"}
@@ -54,6 +55,10 @@ def test_defaults():
         "ALIGNFLOW_ALLOWED_SECRETS": "",
         "ALIGNFLOW_REWARD_FUNCTIONS": "",
         "ALIGNFLOW_ALLOWED_REWARD_MODULES": "",
+        "ALIGNFLOW_ENVIRONMENTS": "",
+        "ALIGNFLOW_ALLOWED_ENVIRONMENT_MODULES": "",
+        "ALIGNFLOW_TOOLS": "",
+        "ALIGNFLOW_ALLOWED_TOOL_MODULES": "",
         "ALIGNFLOW_AFFINITY": "{}",
         "ALIGNFLOW_CPU_REQUEST": "",
         "ALIGNFLOW_CPU_LIMIT": "",
@@ -81,7 +86,9 @@ def test_configured_platform():
         "policy": {"allowedTrainerImages": ["registry.corp/ml/", "registry.corp/ml/trainer"],
                    "allowedSecrets": ["hf-token", "s3-keys"],
                    "rewardFunctions": {"exact": "rewards.text:exact_match", "length": "rewards.text:length_penalty"},
-                   "allowedRewardModulePrefixes": ["corp_rewards.", "rewards."]},
+                   "allowedRewardModulePrefixes": ["corp_rewards.", "rewards."],
+                   "environments": {"quiz": "acme_agents.quiz:Quiz"}, "tools": {"search": "acme_tools.web:search"},
+                   "allowedToolModulePrefixes": ["acme_tools"]},
     })
     assert set(data) == KEYS
     assert data["ALIGNFLOW_LAUNCHER_IMAGE"] == "registry.corp/ml/launcher:1.2"
@@ -103,6 +110,9 @@ def test_configured_platform():
     assert data["ALIGNFLOW_ALLOWED_IMAGES"] == "registry.corp/ml/trainer,registry.corp/ml/"
     assert data["ALIGNFLOW_ALLOWED_SECRETS"] == "s3-keys,hf-token"
     assert data["ALIGNFLOW_REWARD_FUNCTIONS"] == "exact=rewards.text:exact_match,length=rewards.text:length_penalty"
+    assert (data["ALIGNFLOW_ENVIRONMENTS"], data["ALIGNFLOW_TOOLS"]) == ("quiz=acme_agents.quiz:Quiz",
+                                                                         "search=acme_tools.web:search")
+    assert (data["ALIGNFLOW_ALLOWED_TOOL_MODULES"], data["ALIGNFLOW_ALLOWED_ENVIRONMENT_MODULES"]) == ("acme_tools", "")
     assert data["ALIGNFLOW_ALLOWED_REWARD_MODULES"] == "corp_rewards.,rewards."
 
 

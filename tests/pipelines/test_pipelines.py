@@ -17,7 +17,7 @@ from pipelines.local_run import run_locally, task_outputs
 
 @pytest.mark.parametrize(("name", "stage_parameter"), [("rlhf-dpo", "dpo_beta"), ("rlhf-ppo", "ppo_kl_coef"),
                                                       ("rlhf-grpo", "grpo_generations"), ("rlhf-kto", "kto_beta"),
-                                                      ("rlhf-orpo", "orpo_beta")])
+                                                      ("rlhf-orpo", "orpo_beta"), ("rlhf-agent", "grpo_episodes")])
 def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, tmp_path):
     from kfp import compiler, components
 

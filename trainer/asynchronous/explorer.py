@@ -29,6 +29,7 @@ import logging
 
 import torch
 
+from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
 from trainer.asynchronous.synchronizer import Synchronizer
@@ -76,6 +77,7 @@ class Explorer:
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
         self.scorer = build_scorer(config, self.device)
+        self.agent = build_agent_rollout(config.environment, self.tokenizer)  # multi-turn episodes, when set
         self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
                                         config.data.skip_bad_rows).examples
         self.prompts = PromptStream(self.rows, 1, 0, config.train.seed)
@@ -115,8 +117,9 @@ class Explorer:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
         self.timer.reset()
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
-                                     self.timer)
+        sample_and_score = self.agent.generate_and_score if self.agent is not None else generate_and_score
+        rollout = sample_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
+                                   self.timer)
         behaviour_logps = rollout.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
         if behaviour_logps is None:
             behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)

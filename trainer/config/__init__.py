@@ -5,6 +5,7 @@ sections in `preference.py` and `online_algorithms.py`), `loading.py` the YAML r
 `path:line` errors. Import names from here: this is the package's public surface.
 """
 
+from trainer.config.environment import EnvironmentConfig  # noqa: F401
 from trainer.config.loading import (  # noqa: F401
     as_dict,
     build_config,

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trainer.config.environment import EnvironmentConfig
 from trainer.config.online_algorithms import GRPOAlgorithmConfig, OnlineAlgorithmConfig, PPOAlgorithmConfig
 from trainer.config.preference import (
     PAIR_PACKING_DESCRIPTION,
@@ -253,6 +254,9 @@ class OnlineStageConfig(StageConfig):
     reward: RewardSourceConfig = Field(description="Where sequence scores come from.")
     asynchronous: AsynchronousConfig = Field(default_factory=AsynchronousConfig,
                                        description="The experience-driven Trainer and explorer (modes train/explore/both).")
+    environment: EnvironmentConfig | None = Field(
+        None, description="Multi-turn episodes in an environment with tools (docs/agents.md); null samples one "
+        "response per prompt.")
 
 
     @property
@@ -333,6 +337,9 @@ class EvaluateConfig(Section):
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="The engine that samples the answers (`hf`, or `vllm` with its "
         "settings), one engine per scored model; `rollout.num_threads` as in the online stages.")
+    environment: EnvironmentConfig | None = Field(
+        None, description="Score multi-turn episodes in this environment (as the online stage trained them); null "
+        "scores one response per prompt.")
 
 
 # Every config `python -m trainer <command>` reads.

@@ -1,6 +1,7 @@
 """Row schemas of the four dataset kinds, checked before tokenization.
 
-- SFT: `messages` (a list of `{role, content}` with at least one assistant turn), or
+- SFT: `messages` (a list of `{role, content}` with at least one assistant turn; assistant turns may carry
+  OpenAI-style `tool_calls`, whose content may then be empty or null, and `tool` turns their results), or
   `prompt` + `completion` (both strings, or both lists of messages). The text trained on (the
   completion, or the assistant turns) must not be empty or blank: such a row teaches nothing but
   to stop, and is usually a broken export.
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -22,12 +24,41 @@ def _check_messages(value: Any, field: str) -> str | None:
     if not isinstance(value, list) or not value:
         return f"{field} must be a non-empty list of messages"
     for index, message in enumerate(value):
-        if not isinstance(message, dict) or set(message) - {"role", "content"} or "role" not in message:
-            return f"{field}[{index}] must be an object with 'role' and 'content'"
+        if not isinstance(message, dict) or set(message) - MESSAGE_KEYS or "role" not in message:
+            return f"{field}[{index}] must be an object with 'role' and 'content' (and, for tools, {TOOL_KEYS})"
         if message["role"] not in ROLES:
             return f"{field}[{index}].role is {message['role']!r}, expected one of {list(ROLES)}"
-        if not isinstance(message.get("content"), str):
+        calls = message.get("tool_calls")
+        if calls is not None:
+            problem = _check_tool_calls(calls, f"{field}[{index}].tool_calls", message["role"])
+            if problem:
+                return problem
+        if not isinstance(message.get("content"), str) and not (calls and message.get("content") is None):
             return f"{field}[{index}].content must be a string"
+    return None
+
+
+MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+TOOL_KEYS = "'tool_calls' on assistant turns, 'tool_call_id' and 'name' on tool turns"
+
+
+def _check_tool_calls(calls: Any, where: str, role: str) -> str | None:
+    """Why OpenAI-style `tool_calls` are invalid: a list of {"function": {"name": str, "arguments": object}}."""
+    if role != "assistant":
+        return f"{where}: only assistant turns call tools"
+    if not isinstance(calls, list) or not calls:
+        return f"{where} must be a non-empty list"
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return f"{where}[{number}].function.arguments is a string that is not JSON"
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not isinstance(arguments,
+                                                                                                          dict):
+            return f"{where}[{number}] must be {{\"function\": {{\"name\": str, \"arguments\": object}}}}"
     return None
 
 
@@ -62,7 +93,8 @@ def check_sft_row(row: Any) -> str | None:
 
 def _check_trained_text(value: str | list[dict], field: str) -> str | None:
     """Why an SFT row's trained text (a string, or the assistant turns of a message list) is empty, or None."""
-    texts = [value] if isinstance(value, str) else [m["content"] for m in value if m["role"] == "assistant"]
+    texts = [value] if isinstance(value, str) else [(m.get("content") or "") + ("call" if m.get("tool_calls") else "")
+                                                   for m in value if m["role"] == "assistant"]
     if not texts:
         return f"{field} has no assistant turn to train on"
     if any(text.strip() for text in texts):

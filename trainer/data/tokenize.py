@@ -19,7 +19,10 @@ IGNORE_INDEX = -100
 def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False) -> str:
     if not messages and not add_generation_prompt:
         return ""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    from trainer.agents.formats import template_messages  # tool calls as the template (or the plain format) writes them
+
+    return tokenizer.apply_chat_template(template_messages(tokenizer, messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
 
 
 def _chat_segments(tokenizer: Any, messages: list[dict]) -> list[tuple[str, bool]]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.agents.setup import build_agent_rollout
 from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.lifecycle.resume import check_output_directories
@@ -40,10 +41,11 @@ MODEL_KEYS = {"": "model.path", "baseline_": "baseline_path", "champion_": "cham
 @torch.no_grad()
 def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
                device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
-               batch_size: int = 64) -> tuple[list[float], list[ScoredRollout]]:
+               batch_size: int = 64, agent: Any = None) -> tuple[list[float], list[ScoredRollout]]:
     """Mean score of `model`'s responses to `rows` under each scorer; this rank's rows are `rows[rank::world_size]`.
 
-    `model` is a model (sampled by the default `hf` engine) or a training run's rollout engine.
+    `model` is a model (sampled by the default `hf` engine) or a training run's rollout engine. With an
+    `agent` (`trainer.agents.rollout.AgentRollout`) each row is a multi-turn episode, scored on its last turn.
 
     Returns:
         One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.
@@ -59,7 +61,8 @@ def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict
         chunk = mine[start:start + batch_size]
         counted = bool(chunk)
         chunk = chunk or rows[:1]
-        rollout = generate_and_score(model, tokenizer, chunk, generation, device, scorers[0])
+        sample_and_score = agent.generate_and_score if agent is not None else generate_and_score
+        rollout = sample_and_score(model, tokenizer, chunk, generation, device, scorers[0])
         extra = [scorer(rollout.batch, rollout.prompts, rollout.responses, [r.get("answer") for r in chunk])
                  for scorer in scorers[1:]]
         if not counted:
@@ -109,9 +112,10 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     for prefix, path in models.items():
         tokenizer = load_tokenizer(path)
         engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
+        agent = build_agent_rollout(config.environment, tokenizer)
         try:
             means, rollouts = mean_score(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
-                                         env.world_size, config.batch_size)
+                                         env.world_size, config.batch_size, agent=agent)
         finally:
             engine.close()  # one model's engine at a time
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.kl_control import build_kl_controller
 from trainer.algorithms.online_advantages import GRPO_COUNTS, compute_advantages, grpo_metrics
 from trainer.algorithms.online_objectives import (
@@ -107,6 +108,7 @@ class PPOTrainer(OLTrainer):
         self.kl_controller = build_kl_controller(config)
         self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
                                                                              engine_setup(config))
+        self.agent = build_agent_rollout(config.environment, tokenizer)  # None: one response per prompt
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
@@ -120,9 +122,12 @@ class PPOTrainer(OLTrainer):
     def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
-                                     self.timer)
+        sample_and_score = self.agent.generate_and_score if self.agent is not None else generate_and_score
+        rollout = sample_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
+                                   self.timer)
         self.samples = rollout.samples(SAMPLES_KEPT)
+        if rollout.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
+            self.tracker.log_metrics(rollout.metrics, self.global_step)
         return rollout.batch, rollout.scores
 
     @torch.no_grad()
@@ -288,7 +293,7 @@ class PPOTrainer(OLTrainer):
         self.engine.sync_from(self.actor)  # an engine with its own weights has not seen the last episode's updates
         greedy = self.config.generation.model_copy(update={"temperature": 0.0})
         means, _ = mean_score(self.engine, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
-                              plugin.world_size)
+                              plugin.world_size, agent=self.agent)
         return means[0]
 
 

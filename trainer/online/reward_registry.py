@@ -5,7 +5,7 @@ Importing whatever `module:function` it names would let them call any callable i
 arguments the data controls (`os:execl` with a prompt `/usr/bin/touch` replaced the trainer by
 `touch`). So a name resolves only through this allow-list, which the platform team controls:
 
-- built-ins: `tiny_addition` (the tiny task's checker; its import path `trainer.tiny.task:reward`
+- built-ins: `tiny_calculator` (the tiny tool-use task's checker) and `tiny_addition` (the tiny task's checker; its import path `trainer.tiny.task:reward`
   is accepted as an alias, since existing pipelines and configs use it);
 - entry points of installed packages in the group `alignflow.rewards`
   (`[project.entry-points."alignflow.rewards"] exact_match = "acme_rewards.math:exact_match"`),
@@ -40,7 +40,8 @@ from trainer.errors import ConfigError
 ENTRY_POINT_GROUP = "alignflow.rewards"
 FUNCTIONS_ENV = "ALIGNFLOW_REWARD_FUNCTIONS"
 MODULES_ENV = "ALIGNFLOW_ALLOWED_REWARD_MODULES"
-BUILTIN_REWARDS: Mapping[str, str] = MappingProxyType({"tiny_addition": "trainer.tiny.task:reward"})
+BUILTIN_REWARDS: Mapping[str, str] = MappingProxyType({"tiny_addition": "trainer.tiny.task:reward",
+                                                       "tiny_calculator": "trainer.tiny.agent_task:reward"})
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

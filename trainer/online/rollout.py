@@ -9,7 +9,7 @@ becomes padding with mask 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -106,11 +106,14 @@ class ScoredRollout:
     responses: list[str]
     scores: Tensor  # (B,)
     engine_logps: Tensor | None = None  # (B, P + R) the engine's log-probs of the response tokens, if it gives them
+    metrics: dict[str, float] = field(default_factory=dict)  # multi-turn episodes: `agent/*` (trainer.agents)
+    trajectories: list[str] | None = None  # multi-turn episodes rendered for reports; `responses` are last turns
 
     def samples(self, count: int) -> list[dict]:
-        """The first `count` (prompt, response, score) triples, for reports."""
+        """The first `count` (prompt, response, score) triples, for reports (a whole episode as its response)."""
+        shown = self.trajectories if self.trajectories is not None else self.responses
         return [{"prompt": p, "response": r, "score": float(s)}
-                for p, r, s in zip(self.prompts[:count], self.responses, self.scores.tolist())]
+                for p, r, s in zip(self.prompts[:count], shown, self.scores.tolist())]
 
 
 @torch.no_grad()

@@ -42,6 +42,11 @@ class PhaseTimer:
         finally:
             self.seconds[name] += time.perf_counter() - start
 
+    def add(self, other: PhaseTimer) -> None:
+        """Add `other`'s phase seconds to this timer's (a part of the step timed on its own)."""
+        for name, seconds in other.seconds.items():
+            self.seconds[name] += seconds
+
     def metrics(self, *, tokens: float, completions: float) -> dict[str, float]:
         """`perf/time/<phase>` for every phase in `PHASES` (0 where it did not run) and any other timed phase, `perf/time/step` (the whole
         step, phases and everything between them), and the step's throughput: `perf/tokens_per_second` (response

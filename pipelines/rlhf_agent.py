@@ -1,0 +1,62 @@
+"""rlhf-agent: SFT on tool-use conversations -> multi-turn GRPO in an environment -> evaluate episodes -> register."""
+
+from kfp import dsl
+
+from components.grpo.component import train_grpo
+from pipelines.options import as_stage
+from pipelines.parameters import documented
+from pipelines.steps import (
+    cluster_arguments,
+    evaluate_and_register,
+    open_run,
+    prepare,
+    run_stages,
+    sft_stage,
+    stage_arguments,
+)
+
+
+@dsl.pipeline(name="rlhf-agent", description="SFT on tool-use traces, then multi-turn GRPO with tools; registered if "
+              "its episodes beat SFT's.")
+@documented
+def rlhf_agent(
+    base_model_uri: str,
+    sft_train_uri: str,
+    prompts_uri: str,
+    eval_prompts_uri: str,
+    reward_function: str,
+    environment: str,
+    sft_eval_uri: str = "",
+    dataset_sha256: dict = {},
+    launcher_mode: str = "kubernetes",
+    trainer_image: str = "",
+    num_nodes: int = 1,
+    gpus_per_node: int = 1,
+    s3_secret: str = "",
+    scheduling: dict = {},
+    sft_lr: float = 2e-5,
+    sft_epochs: int = 2,
+    sft_settings: dict = {},
+    grpo_lr: float = 1e-6,
+    grpo_episodes: int = 100,
+    grpo_generations: int = 8,
+    grpo_settings: dict = {},
+    max_new_tokens: int = 256,
+    registered_model_name: str = "alignflow-agent",
+    rollout_engine: str = "hf",
+):
+    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, prompts_uri=prompts_uri,
+                    eval_prompts_uri=eval_prompts_uri)
+    cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
+    lineage = open_run("rlhf-agent", base_model_uri, dataset_sha256, **datasets)
+    stage = stage_arguments(cluster, lineage, scheduling)
+    with run_stages(launcher_mode):
+        inputs = prepare(lineage, base_model_uri, **datasets)
+        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
+        grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+                                   eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
+                                   lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
+                                   rollout_engine=rollout_engine, environment=environment, settings=grpo_settings,
+                                   **stage))
+        evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
+                              lineage, "rlhf-agent", scheduling, rollout_engine=rollout_engine, environment=environment)

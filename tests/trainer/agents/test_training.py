@@ -1,0 +1,95 @@
+"""Every online estimator trains on multi-turn episodes unchanged: advantages, values and the loss only on model tokens."""
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import make_config
+from trainer.lifecycle.context import build_context
+from trainer.online.stages import build_online_trainer
+from trainer.tiny.agent_task import write_agent_task
+
+ESTIMATORS = [("grpo", {"advantage_estimator": "grpo", "mask_truncated_completions": True}),
+              ("grpo", {"advantage_estimator": "rloo", "beta": 0.1}),
+              ("grpo", {"advantage_estimator": "reinforce_plus_plus"}),
+              ("ppo", {})]
+
+
+@pytest.fixture(scope="module")
+def agent_files(tmp_path_factory):
+    return write_agent_task(tmp_path_factory.mktemp("agent-task"), num_train=16, num_eval=4)
+
+
+@pytest.mark.parametrize(("stage", "options"), ESTIMATORS, ids=["grpo", "rloo", "reinforce_plus_plus", "ppo"])
+def test_estimators_consume_episodes_with_model_tokens_only(stage, options, tmp_path, tiny_model, agent_files):
+    section = {"num_episodes": 1, "rollout_batch_size": 2, "mini_batch_size": 8, **options}
+    if stage == "grpo":
+        section["num_generations"] = 2
+    config = make_config(stage, tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 6, "temperature": 1.0, "stop": ["}"]},
+                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
+                         environment={"name": "tiny_calculator", "max_turns": 2, "max_total_tokens": 24},
+                         **{stage: section})
+    trainer = build_online_trainer(config, build_context(config))
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
+    experience = trainer._experience
+    off_action = experience.action_mask == 0
+    assert (experience.advantages[off_action] == 0).all()
+    if experience.values is not None:  # PPO's critic: values only where the model acted
+        assert (experience.values[off_action] == 0).all()
+    if experience.loss_mask is not None:
+        assert (experience.loss_mask[off_action] == 0).all()
+        truncated = experience.truncated.bool()
+        if options.get("mask_truncated_completions"):
+            assert (experience.loss_mask[truncated] == 0).all()
+    assert experience.input_ids.shape[1] <= 32 + 24  # prompt + the episode's token budget
+    assert all(math.isfinite(value) for value in trainer.last_metrics.values())
+    assert len(trainer.samples) > 0 and torch.is_tensor(experience.truncated)
+
+
+def test_the_asynchronous_explorer_runs_episodes(tmp_path, tiny_model, agent_files, monkeypatch):
+    from trainer.asynchronous.buffer import QueueBuffer
+    from trainer.asynchronous.explorer import Explorer
+
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", "echo=tests.trainer.agents.environments:EchoEnvironment")
+    config = make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 4, "temperature": 1.0, "stop": list("abcdefghijklmnop")},
+                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
+                         environment={"name": "echo", "max_turns": 3, "max_total_tokens": 40},
+                         grpo={"rollout_batch_size": 2, "num_generations": 2, "mini_batch_size": 4})
+    explorer = Explorer(config, buffer=QueueBuffer())
+    torch.manual_seed(0)
+    experience = explorer.make_batch()
+    turns_per_row = [int(((row[1:] == 1) & (row[:-1] == 0)).sum()) for row in experience.action_mask]  # (B,)
+    assert max(turns_per_row) > 1  # episodes of several model turns, observation tokens between them
+    off_action = experience.action_mask == 0
+    assert (experience.behaviour_logps[off_action] == 0).all()  # staleness weights only on the model's tokens
+
+
+def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_files):
+    from trainer.config import build_config
+    from trainer.online.evaluate import run_evaluation
+
+    config = build_config("evaluate", {
+        "output_dir": str(tmp_path / "eval"), "model": {"path": str(tiny_model)}, "baseline_path": str(tiny_model),
+        "prompts_path": str(agent_files["eval_prompts"]), "reward": {"function": "tiny_calculator"},
+        "generation": {"max_new_tokens": 8, "temperature": 0.0},
+        "environment": {"name": "tiny_calculator", "max_turns": 2}})
+    metrics = run_evaluation(config)
+    assert metrics["reward"] == metrics["baseline_reward"] == 0.0  # a random model never answers a product
+    samples = (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()
+    assert len(samples) == 4  # one episode per held-out row, rendered for the report
+
+
+def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_path, tiny_model, agent_files):
+    from trainer.agents.rollout import AgentRollout
+    from trainer.config.environment import EnvironmentConfig
+    from trainer.errors import ConfigError
+    from trainer.tiny.model import build_tokenizer
+
+    with pytest.raises(ConfigError, match="environment.max_turn"):
+        make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], reward={"function": "tiny_calculator"},
+                    environment={"name": "tools", "max_turn": 3})
+    with pytest.raises(ConfigError, match="environment.tools: 'os:system' is not on the platform's allow-list"):
+        AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())

@@ -1,0 +1,223 @@
+"""Multi-turn rollouts: episodes in environments, one token sequence per episode.
+
+`AgentRollout.generate_and_score` has the signature of `trainer.online.rollout.generate_and_score`
+and returns the same `ScoredRollout`, so every online estimator (GRPO's, RLOO, REINFORCE++, PPO's
+critic) and the evaluation consume episodes unchanged. Per turn:
+
+1. the episodes still running are sampled together: each one's whole sequence so far (prompt, model
+   turns, observations) is a token-id prompt for `RolloutEngine.generate`, so any engine (`hf`,
+   `vllm`) runs the same loop; finished episodes are not in the call;
+2. each turn keeps the ids the engine sampled, up to and including its first stop token (a turn
+   without one ran out of `generation.max_new_tokens` or of the episode's token budget: truncated);
+3. the environments answer (`Environment.step`), concurrently on a bounded thread pool;
+4. the observations are tokenized on their own (`trainer.agents.formats.ObservationEncoder`) and
+   appended with action mask 0, unless the episode is done or cut by `max_turns`/`max_total_tokens`.
+
+The batch is laid out as a single-turn one: the prompt left-padded, everything after it
+right-padded, `action_mask` 1 on the model's sampled tokens only; `truncated` marks episodes cut
+by a limit (so `grpo.mask_truncated_completions` applies). With `hf`, each turn re-reads the
+whole context (HF `generate` keeps no cache between calls): a turn costs a prefill of the episode
+so far plus its own decode steps (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.agents.environment import Environment, Observation
+from trainer.agents.formats import ObservationEncoder, supports_tools
+from trainer.agents.registry import ENVIRONMENTS, TOOLS, resolve
+from trainer.agents.tools import ToolBox, as_tool, check_requirements
+from trainer.config import GenerationConfig
+from trainer.config.environment import EnvironmentConfig
+from trainer.data.tokenize import encode_prompt
+from trainer.errors import AlignflowError
+from trainer.online.engines import RolloutEngine, as_engine
+from trainer.online.rollout import ScoredRollout, left_pad, positions_from_mask, stop_token_ids
+from trainer.tracking.timing import PhaseTimer
+
+
+class EpisodeError(AlignflowError):
+    """An environment (not a tool: those become observations) raised while answering a turn."""
+
+
+@dataclass(slots=True)
+class Episode:
+    """One episode's sequence and counts as it grows."""
+
+    row: dict
+    environment: Environment
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)  # everything after the prompt
+    action: list[int] = field(default_factory=list)  # 1 on the model's sampled tokens
+    logps: list[float] = field(default_factory=list)  # the engine's log-probs (0 off the action mask)
+    segments: list[tuple[str, bool]] = field(default_factory=list)  # (text, is_model) for reports
+    last_turn: str = ""
+    reward: float = 0.0
+    num_turns: int = 0
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    done: bool = False
+    truncated: bool = False
+
+    def extend(self, ids: list[int], is_model: bool, logps: list[float] | None = None) -> None:
+        self.ids += ids
+        self.action += [int(is_model)] * len(ids)
+        self.logps += logps if logps is not None else [0.0] * len(ids)
+
+
+class AgentRollout:
+    """Runs episodes of the environment `config.name` with the tools it allows.
+
+    Args:
+        config: The `environment` section.
+        tokenizer: Encodes prompts and observations, decodes model turns.
+    """
+
+    def __init__(self, config: EnvironmentConfig, tokenizer: Any) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.environment_class = resolve(ENVIRONMENTS, config.name)  # refused before import if not allowed
+        names = config.tools or list(getattr(self.environment_class, "default_tools", ()))
+        tools = [as_tool(resolve(TOOLS, name), name) for name in names]
+        for tool in tools:
+            check_requirements(tool)
+        self.toolbox = ToolBox(tools, config.tool_timeout_seconds, config.max_tool_output_chars)
+        self.observations = ObservationEncoder(tokenizer)
+
+    def start(self, row: dict) -> Episode:
+        environment = self.environment_class(self.toolbox)
+        environment.start(row)
+        if supports_tools(self.tokenizer) and self.toolbox.tools and not isinstance(row["prompt"], str):
+            prompt_ids = self.tokenizer.apply_chat_template(row["prompt"], tools=self.toolbox.schemas(),
+                                                            add_generation_prompt=True, tokenize=True)
+        else:
+            prompt_ids = row["prompt_ids"] if "prompt_ids" in row else encode_prompt(self.tokenizer, row["prompt"])
+        return Episode(row, environment, list(prompt_ids))
+
+    @torch.no_grad()
+    def generate_and_score(self, sampler: RolloutEngine | nn.Module, tokenizer: Any, rows: list[dict],
+                           options: GenerationConfig, device: torch.device, scorer: Any,
+                           timer: PhaseTimer | None = None) -> ScoredRollout:
+        """Run one episode per row to its end and score it (see the module docstring). `timer`, where given,
+        gets the sampling time as phase `generate`, the environments' as `environment`, the scoring's as `score`."""
+        engine = as_engine(sampler)
+        stops = stop_token_ids(tokenizer, options)
+        episodes = [self.start(row) for row in rows]
+        phases, tool_seconds = PhaseTimer(), 0.0  # this rollout's own, for its `agent/*` metrics
+        with ThreadPoolExecutor(self.config.max_concurrent_episodes, thread_name_prefix="environment") as pool:
+            while active := [e for e in episodes if not e.done]:
+                with phases.phase("generate"):
+                    self.sample_turns(engine, active, options, stops, device)
+                stepping = [e for e in active if not e.done]
+                with phases.phase("environment"):
+                    answers = list(pool.map(self.step, stepping))
+                for episode, observation in zip(stepping, answers):
+                    tool_seconds += observation.tool_seconds
+                    self.append_observation(episode, observation)
+        batch, engine_logps = self.to_batch(episodes, device)
+        prompts = [str(e.row["prompt"]) for e in episodes]
+        finals = [e.last_turn for e in episodes]
+        with phases.phase("score"):
+            scores = scorer(batch, prompts, finals, [e.row.get("answer") for e in episodes])
+        scores = scores + torch.tensor([e.reward for e in episodes], dtype=scores.dtype, device=scores.device)
+        trajectories = [render_trajectory(e.segments) for e in episodes]
+        if timer is not None:
+            timer.add(phases)
+        timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
+                   "tools": tool_seconds}
+        return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=episode_metrics(episodes, timings),
+                             trajectories=trajectories)
+
+    def sample_turns(self, engine: RolloutEngine, active: list[Episode], options: GenerationConfig,
+                     stops: list[int], device: torch.device) -> None:
+        """One model turn for every active episode, in one generate call."""
+        budgets = [min(options.max_new_tokens, self.config.max_total_tokens - len(e.ids)) for e in active]
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids + e.ids for e in active], self.tokenizer.pad_token_id)
+        sampled = engine.generate(prompt_ids.to(device), prompt_mask.to(device),
+                                  options.model_copy(update={"max_new_tokens": max(budgets)}),
+                                  stop_token_ids=stops, pad_token_id=self.tokenizer.pad_token_id)
+        for row, (episode, budget) in enumerate(zip(active, budgets)):
+            ids = sampled.ids[row, :budget].tolist()
+            ends = [i for i, token in enumerate(ids) if token in stops]
+            turn = ids[:ends[0] + 1] if ends else ids
+            logps = sampled.logps[row, :len(turn)].float().tolist() if sampled.logps is not None else None
+            episode.extend(turn, True, logps)
+            episode.num_turns += 1
+            episode.last_turn = self.tokenizer.decode(turn, skip_special_tokens=True)
+            episode.segments.append((self.tokenizer.decode(turn), True))
+            if not ends:  # ran out of tokens before its stop token
+                episode.done = episode.truncated = True
+
+    def step(self, episode: Episode) -> Observation:
+        try:
+            return episode.environment.step(episode.last_turn)
+        except Exception as err:
+            raise EpisodeError(f"environment {self.config.name!r} raised {type(err).__name__}: {err} on the "
+                                    f"row with prompt {str(episode.row.get('prompt'))[:60]!r}") from err
+
+    def append_observation(self, episode: Episode, observation: Observation) -> None:
+        """Count the observation and append its tokens, or end the episode (done, or cut by a limit)."""
+        episode.reward += observation.reward
+        episode.num_tool_calls += observation.num_tool_calls
+        episode.num_tool_errors += observation.num_tool_errors
+        if observation.done:
+            episode.done = True
+            return
+        if episode.num_turns >= self.config.max_turns:
+            episode.done = episode.truncated = True
+            return
+        stop_text = self.tokenizer.decode(episode.ids[-1:])
+        ids = self.observations.ids(observation.messages, stop_text)
+        if len(episode.ids) + len(ids) >= self.config.max_total_tokens:  # no room left for a model token
+            episode.done = episode.truncated = True
+            return
+        episode.extend(ids, False)
+        episode.segments.append((self.tokenizer.decode(ids), False))
+
+    def to_batch(self, episodes: list[Episode], device: torch.device) -> tuple[dict[str, torch.Tensor],
+                                                                             torch.Tensor | None]:
+        """The (B, P + R) batch `rollout.sample` would give: prompts left-padded, the rest right-padded."""
+        pad = self.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad)
+        width = max(len(e.ids) for e in episodes)
+        rest = torch.tensor([e.ids + [pad] * (width - len(e.ids)) for e in episodes])  # (B, R)
+        rest_mask = torch.tensor([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in episodes])
+        action = torch.tensor([e.action + [0] * (width - len(e.ids)) for e in episodes])
+        attention_mask = torch.cat([prompt_mask, rest_mask], dim=1)
+        batch = {"input_ids": torch.cat([prompt_ids, rest], dim=1).to(device),
+                 "attention_mask": attention_mask.to(device),
+                 "action_mask": torch.cat([torch.zeros_like(prompt_mask), action], dim=1).to(device),
+                 "position_ids": positions_from_mask(attention_mask).to(device),
+                 "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device)}
+        if not any(e.logps and any(e.logps) for e in episodes):
+            return batch, None
+        logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
+        return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+def episode_metrics(episodes: list[Episode], timings: dict[str, float]) -> dict[str, float]:
+    """The `agent/*` metrics of one rollout (docs/agents.md)."""
+    count = max(len(episodes), 1)
+    calls = sum(e.num_tool_calls for e in episodes)
+    errors = sum(e.num_tool_errors for e in episodes)
+    busy = timings["generate"] + timings["environment"]
+    return {"agent/turns_per_episode": sum(e.num_turns for e in episodes) / count,
+            "agent/tool_calls_per_episode": calls / count,
+            "agent/tool_error_rate": errors / calls if calls else 0.0,
+            "agent/valid_tool_call_fraction": (calls - errors) / calls if calls else 0.0,
+            "agent/truncated_fraction": sum(e.truncated for e in episodes) / count,
+            "agent/generate_seconds": timings["generate"], "agent/tool_seconds": timings["tools"],
+            "agent/environment_seconds": timings["environment"],
+            "agent/tool_time_share": timings["environment"] / busy if busy else 0.0,
+            "agent/generated_tokens": float(sum(sum(e.action) for e in episodes))}
+
+
+def render_trajectory(segments: list[tuple[str, bool]]) -> str:
+    """An episode for reports: model text as written, observations inside `⟦...⟧` (never trained on)."""
+    return " ".join(text if is_model else f"⟦{text}⟧" for text, is_model in segments)
