@@ -88,9 +88,15 @@ def test_the_sdks_own_client_is_accepted_and_a_foreign_token_is_not(status_clust
     status = trainer_status(status_cluster, name)
     assert status["progressPercentage"] == 40
     assert {"name": "loss", "value": "0.5"} in status["metrics"]
+    # Least privilege: the pod still has no Kubernetes API token (the chart's runtime); the one token it gets is
+    # Trainer's, whose audience is this TrainJob's status endpoint and nothing else.
+    [pod] = status_cluster.pods(NS, f"jobset.sigs.k8s.io/jobset-name={name}")
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    [projected] = [v["projected"] for v in pod["spec"]["volumes"] if "projected" in v]
+    [token] = [source["serviceAccountToken"] for source in projected["sources"] if "serviceAccountToken" in source]
+    assert token["audience"] == f"trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/{name}/status"
     # A token of another job's pod is refused: the endpoint writes only the TrainJob the pod belongs to.
     server = status_cluster.trainer_status
-    [pod] = status_cluster.pods(NS, f"jobset.sigs.k8s.io/jobset-name={name}")
     foreign = server.issue(NS, pod["metadata"]["name"], "trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/x/status")
     assert server.authorized(f"Bearer {foreign}", NS, name) is False
 
