@@ -47,6 +47,7 @@ RESOURCES = {
     "trainjobs": ("trainer.kubeflow.org", True, "TrainJob", "v1alpha1"),
     "trainingruntimes": ("trainer.kubeflow.org", True, "TrainingRuntime", "v1alpha1"),
     "clustertrainingruntimes": ("trainer.kubeflow.org", False, "ClusterTrainingRuntime", "v1alpha1"),
+    "workloads": ("kueue.x-k8s.io", True, "Workload", "v1beta1"),  # Kueue's, written by tests as Kueue would
 }
 CUSTOM_RESOURCES = {"pytorchjobs", "trainjobs", "trainingruntimes", "clustertrainingruntimes"}
 TRAINING_OPERATOR = frozenset({"pytorchjobs"})
