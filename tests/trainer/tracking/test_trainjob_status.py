@@ -94,3 +94,23 @@ def test_no_reporter_where_the_cluster_takes_no_progress():
     # A PyTorchJob, an older Trainer, the TrainJobStatus gate off, a local run: no variables, nothing is built.
     assert read_trainjob_status_env({"RANK": "0"}) is None
     assert build_status_reporter(None) is None
+
+
+def test_a_supervised_stage_reports_its_steps_and_epochs(status_server, tmp_path, monkeypatch, tiny_model,
+                                                        task_files):
+    from tests.conftest import make_config
+    from trainer.supervised.stages import run_stage
+
+    server, cert = status_server
+    env = env_for(server, cert, tmp_path)
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", env.url)
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_CA_CERT", env.ca_cert_path)
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_TOKEN", env.token_path)
+    # The real loop: its metrics (loss, throughput, progress/*) are all the reporter reads; the loop knows nothing of it.
+    run_stage(make_config("sft", tmp_path / "out", tiny_model, task_files["sft_train"], None,
+                          train={"max_epochs": 2, "max_steps": 3, "micro_batch_size": 4}))
+    status = server.store.get("trainjobs", NS, JOB)["status"]["trainerStatus"]
+    metrics = {item["name"]: item["value"] for item in status["metrics"]}
+    assert status["progressPercentage"] == 100
+    assert (metrics["currentStep"], metrics["totalSteps"], metrics["totalEpochs"]) == ("3", "3", "2")
+    assert float(metrics["loss"]) > 0 and float(metrics["tokensPerSecond"]) > 0
