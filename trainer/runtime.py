@@ -73,6 +73,25 @@ def read_tracking_env(environ: dict[str, str] | None = None) -> TrackingEnv:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TrainJobStatusEnv:
+    """Where a TrainJob takes its progress (Kubeflow Trainer's `TrainJobStatus` plugin; `trainer.tracking.trainjob_status`)."""
+
+    url: str
+    ca_cert_path: str | None
+    token_path: str | None
+
+
+def read_trainjob_status_env(environ: dict[str, str] | None = None) -> TrainJobStatusEnv | None:
+    """The status endpoint's variables, or None where Trainer injected none (no TrainJob, or the gate is off)."""
+    environ = os.environ if environ is None else environ
+    url = environ.get("KUBEFLOW_TRAINER_SERVER_URL")
+    if not url:
+        return None
+    return TrainJobStatusEnv(url=url, ca_cert_path=environ.get("KUBEFLOW_TRAINER_SERVER_CA_CERT") or None,
+                             token_path=environ.get("KUBEFLOW_TRAINER_SERVER_TOKEN") or None)
+
+
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "<quota> <period>" in microseconds, or "max <period>"
 CGROUP_V1_QUOTA = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"  # cgroup v1: -1 when unlimited
 

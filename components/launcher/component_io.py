@@ -128,8 +128,11 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
     job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
     cluster = cluster_options(params)
-    if params.get("parent_run_id"):  # the pipeline's MLflow run (components/lineage): the stage's run nests under it
-        cluster.env = {**cluster.env, "ALIGNFLOW_PARENT_RUN_ID": params["parent_run_id"]}
+    # The stage's run nests under the pipeline's MLflow run (components/lineage), or under KFP's task run where
+    # KFP's MLflow integration opened one (components/lineage/kfp_mlflow.py).
+    from components.lineage.kfp_mlflow import stage_job_env
+
+    cluster.env = {**cluster.env, **stage_job_env(params.get("parent_run_id") or "")}
     final = run_stage_job(stage, config, model_uri=model.uri, job_root=job_root, run_id=params["run_id"],
                           task=f"{stage}", cluster=cluster)
     for key, value in final.items():

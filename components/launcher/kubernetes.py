@@ -7,10 +7,10 @@ itself is the same for both:
 - The job name is derived from the pipeline run and task (`derive_job_name`), so when KFP retries
   a task, `create` finds the job of that name (409) and the launcher re-attaches to the job already
   running instead of starting a second one.
-- Following: the kind's follower (a watch of the PyTorchJob; the Kubeflow SDK's `get_job` for a
-  TrainJob), about once per `poll_seconds`; in between, the job's pods are looked at (`pods.py`): a
-  pod stuck Pending is reported with its reason, and the trainer's log is copied into the
-  component's log.
+- Following: the kind's follower (a watch of the PyTorchJob; one GET of a TrainJob), about once per
+  `poll_seconds`; in between, the job's pods are looked at (`pods.py`; for a TrainJob only when it
+  changed or a pod is not running yet): a pod stuck Pending is reported with its reason, and the
+  trainer's log is copied into the component's log.
 - Transient API failures (5xx, 429, a reset connection, 410 Gone) are retried with exponential
   backoff (`api_retry.py`). They never delete the job: if the API stays away past the retry
   budget the task fails and leaves the job running, and a retry of the task re-attaches to it.
@@ -144,7 +144,7 @@ class KubernetesLauncher:
         monitor = PodMonitor(self.core, namespace, name, self.pending_timeout_seconds,
                              selector=self.kind.pod_selector(name), what=what)
         logs = LogFollower(self.core, namespace, container=self.kind.container)
-        phase = None
+        phase, pods, rank_zero = None, [], None
         while True:
             for state in follower.states(min(self.poll_seconds, max(1.0, deadline - time.monotonic()))):
                 if state.phase is not None and state.phase != phase:
@@ -155,8 +155,10 @@ class KubernetesLauncher:
                 if phase in TERMINAL:
                     self.failure_message = state.message
                     break
-            pods = monitor.list_pods()
-            logs.follow(self.kind.rank_zero_pod(pods))  # after the end too: the last lines
+            if needs_pod_listing(follower, pods, rank_zero, phase):
+                pods = monitor.list_pods()
+                rank_zero = self.kind.rank_zero_pod(pods)
+            logs.follow(rank_zero)  # after the end too: the last lines
             if phase in TERMINAL:
                 return phase
             monitor.check(pods)
@@ -209,6 +211,14 @@ class KubernetesLauncher:
             reason = f" ({self.failure_message})" if self.failure_message else ""
             raise LaunchError(f"{what} failed{reason}; last lines of its trainer:\n{tail}")
         return JobOutcome(name, phase, reattached, tail)
+
+
+def needs_pod_listing(follower: Any, pods: list, rank_zero: str | None, phase: str | None) -> bool:
+    """Whether to list the job's pods now: a follower that cannot tell a change (`has_changed`) always; else when
+    the job changed, no trainer pod is known yet, a pod was not running (stuck Pending is checked), or it ended."""
+    if getattr(follower, "has_changed", True) or rank_zero is None or phase in TERMINAL:
+        return True
+    return any(pod.status is None or pod.status.phase != "Running" for pod in pods)
 
 
 def delete_run_jobs(namespace: str, run_label: str, job_kind: str = "auto") -> list[str]:

@@ -3,18 +3,15 @@
 The Kubeflow SDK (`kubeflow.trainer.TrainerClient`, Kubernetes backend) does the work it can:
 `get_runtime` resolves the runtime (the namespace's TrainingRuntime, else the ClusterTrainingRuntime
 of that name), `train` creates the TrainJob (`trainjob_request.py` builds its trainer and options),
-`get_job` reports its status once per poll, `get_job_logs` gives the trainer's last lines for a
-failed task, and `delete_job` deletes it.
+`get_job_logs` gives the trainer's last lines for a failed task, and `delete_job` deletes it.
 
 What the SDK cannot do, done here (each with the Kubernetes client the SDK itself uses):
 - Retrying transient API failures: the SDK wraps every failure in a RuntimeError or TimeoutError;
   the Kubernetes error underneath is found (`api_failure`), and 5xx, 429 and dropped connections are
   retried with the launcher's backoff, never deleting the job.
 - Re-attaching: a 409 from `train` means a retried task finds the job its first attempt created.
-- Telling a deleted TrainJob from another failure of `get_job` (a missing runtime says 404 too):
-  one GET of the TrainJob itself.
-- Why a TrainJob failed: the SDK's `TrainJob` has no conditions; the Failed condition's reason and
-  message are read from the TrainJob.
+- Following the job: one GET of the TrainJob per poll (`trainjob_follow.py`: its phase, why it failed or
+  waits in a Kueue queue, its progress), where the SDK's `get_job` costs three calls and says less.
 - A run's TrainJobs for the exit handler: `list_jobs` cannot select by label.
 - Following the log as it grows, and why a pod is Pending (`pods.py`): `get_job_logs` re-reads the
   whole log each time and the SDK says nothing about scheduling.
@@ -27,12 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from components.launcher.api_retry import RetryPolicy, describe, is_transient
-from components.launcher.job_kind import JobFollower, JobKind, JobState
+from components.launcher.job_kind import JobFollower, JobKind
 from components.launcher.job_watch import JobDeleted
 from components.launcher.trainjob_request import NODE, TrainJobRequest, build_trainjob_request
 from trainer.errors import LaunchError
@@ -45,7 +41,6 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-SDK_PHASES = {"Complete": "Succeeded", "Failed": "Failed", "Running": "Running", "Created": "Created"}
 
 
 class RuntimeNotFound(LaunchError):
@@ -81,28 +76,6 @@ def _quiet_version_probe() -> Iterator[None]:
         yield
     finally:
         sdk_logger.setLevel(level)
-
-
-class TrainJobFollower(JobFollower):
-    """The TrainJob's status through the SDK's `get_job`, read once per call (after the first, `seconds` later)."""
-
-    def __init__(self, kind: TrainJobKind, name: str, retry: RetryPolicy) -> None:
-        self.kind, self.name, self.retry = kind, name, retry
-        self.phase: str | None = None
-        self.started = False
-
-    def states(self, seconds: float) -> Iterator[JobState]:
-        if self.started:
-            time.sleep(seconds)
-        self.started = True
-        job = self.kind.sdk(self.kind.client.get_job, f"get TrainJob {self.name}", self.retry, self.name,
-                            on_not_found=lambda: self.kind.confirm_exists(self.name, self.retry))
-        phase = SDK_PHASES.get(job.status, job.status)
-        if phase == "Created" and self.phase in ("Running", "Restarting"):
-            phase = "Restarting"  # the SDK says Created while a JobSet restart recreates the pods
-        self.phase = phase
-        message = self.kind.failure_reason(self.name, self.retry) if phase == "Failed" else ""
-        yield JobState(phase, message)
 
 
 class TrainJobKind(JobKind):
@@ -190,15 +163,6 @@ class TrainJobKind(JobKind):
                                  "the task fails without waiting further") from err
             raise
 
-    def failure_reason(self, name: str, retry: RetryPolicy) -> str:
-        """`reason: message` of the TrainJob's Failed condition ("" when it has none)."""
-        job = retry.call(self.custom.get_namespaced_custom_object, f"get TrainJob {name}", TRAINJOB_GROUP,
-                         TRAINJOB_VERSION, self.namespace, TRAINJOB_PLURAL, name)
-        for condition in (job.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "Failed" and condition.get("status") == "True":
-                return f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
-        return ""
-
     # ---- JobKind
 
     def build(self, spec) -> TrainJobRequest:
@@ -230,7 +194,9 @@ class TrainJobKind(JobKind):
             return False
 
     def follower(self, namespace: str, name: str, retry: RetryPolicy) -> JobFollower:
-        return TrainJobFollower(self, name, retry)
+        from components.launcher.trainjob_follow import TrainJobReader
+
+        return TrainJobReader(self.custom, namespace, name, retry)
 
     def pod_selector(self, name: str) -> str:
         return f"{JOBSET_NAME_LABEL}={name}"

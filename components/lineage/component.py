@@ -20,7 +20,9 @@ def open_lineage(
     Hashes each dataset (SHA-256 of its bytes) and fails before anything trains when one differs
     from `dataset_sha256` (the retrain's dataset manifest). The run is tagged with the KFP run id,
     the pipeline's name and version, and logs each dataset as an MLflow input (URI and hash). A
-    retried task finds and reuses the run it opened before.
+    retried task finds and reuses the run it opened before. Where KFP's own MLflow integration opened
+    the pipeline's run (KFP 2.17: the task has MLFLOW_RUN_ID), the lineage goes on that run and its id
+    is returned: no second parent is opened.
 
     Args:
         pipeline: The pipeline's name (e.g. rlhf-dpo).
@@ -47,7 +49,8 @@ def finish_run(run_id: str, status: dsl.PipelineTaskFinalStatus, launcher_mode: 
 
     Runs however the stages ended. The jobs go as `cleanup_jobs` deletes them (labelled
     alignflow/run); the parent run is marked FINISHED, FAILED or KILLED after KFP's final state. An
-    exit task may depend on no other task, so the parent run is found by its KFP run id tag.
+    exit task may depend on no other task, so the parent run is found by its KFP run id tag. A run KFP's MLflow integration opened is left for
+    KFP to close.
 
     Args:
         run_id: The KFP run id.

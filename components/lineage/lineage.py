@@ -105,25 +105,58 @@ def find_pipeline_run(client, experiment: str, kfp_run_id: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def _log_lineage(client, run_id: str, *, pipeline: str, version: str, base_model_uri: str,
+                 hashed: dict[str, dict]) -> None:
+    """The pipeline's params and its datasets as MLflow inputs, on the pipeline's run."""
+    from mlflow.entities import Param
+
+    params = [Param("pipeline", pipeline), Param("pipeline_version", version)]
+    if base_model_uri:
+        params.append(Param("base_model_uri", base_model_uri))
+    client.log_batch(run_id, params=params)
+    if hashed:
+        client.log_inputs(run_id, datasets=_dataset_inputs(hashed))
+
+
+def _tag_kfp_pipeline_run(client, task, *, pipeline: str, version: str, kfp_run_id: str, base_model_uri: str,
+                          hashed: dict[str, dict]) -> str:
+    """KFP's MLflow integration opened the pipeline's run: put the lineage on it (a retried task again: tags and
+    unchanged params are idempotent, inputs are logged once) and return its id; no second parent is opened."""
+    from components.lineage.kfp_mlflow import kfp_pipeline_run
+
+    run_id = kfp_pipeline_run(client, task)
+    is_tagged = client.get_run(run_id).data.tags.get(KIND_TAG) == "pipeline"
+    for key, value in {KIND_TAG: "pipeline", PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline,
+                       VERSION_TAG: version}.items():
+        client.set_tag(run_id, key, value)
+    if not is_tagged:
+        _log_lineage(client, run_id, pipeline=pipeline, version=version, base_model_uri=base_model_uri, hashed=hashed)
+    logger.info("lineage of %s run %s on KFP's MLflow run %s", pipeline, kfp_run_id, run_id)
+    return run_id
+
+
 def open_pipeline_run(*, pipeline: str, version: str, kfp_run_id: str, datasets: dict[str, str],
                       expected: dict[str, str], base_model_uri: str = "") -> str:
-    """Check and hash the datasets, then open the parent run (or reuse a retried task's); return its id."""
+    """Check and hash the datasets, then open the parent run (or reuse a retried task's); return its id.
+
+    Where KFP's MLflow integration opened the pipeline's run (`kfp_mlflow.py`), the lineage goes on that run
+    and its id is returned instead.
+    """
+    from components.lineage.kfp_mlflow import kfp_task_run
+
     hashed = hash_datasets(datasets, expected or {})  # fails before anything is written
+    task = kfp_task_run()
     client = tracking_client()
+    if task is not None:
+        return _tag_kfp_pipeline_run(client, task, pipeline=pipeline, version=version, kfp_run_id=kfp_run_id,
+                                     base_model_uri=base_model_uri, hashed=hashed)
     experiment = experiment_id(client)
     run_id = find_pipeline_run(client, experiment, kfp_run_id)
     if run_id is None:
         tags = {KIND_TAG: "pipeline", PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline, VERSION_TAG: version,
                 "mlflow.runName": f"{pipeline} {kfp_run_id[:8]}"}
         run_id = client.create_run(experiment, tags=tags, run_name=tags["mlflow.runName"]).info.run_id
-        from mlflow.entities import Param
-
-        params = [Param("pipeline", pipeline), Param("pipeline_version", version)]
-        if base_model_uri:
-            params.append(Param("base_model_uri", base_model_uri))
-        client.log_batch(run_id, params=params)
-        if hashed:
-            client.log_inputs(run_id, datasets=_dataset_inputs(hashed))
+        _log_lineage(client, run_id, pipeline=pipeline, version=version, base_model_uri=base_model_uri, hashed=hashed)
         logger.info("opened MLflow run %s for %s run %s", run_id, pipeline, kfp_run_id)
     else:
         client.update_run(run_id, status="RUNNING")
@@ -149,6 +182,8 @@ def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
 def close_pipeline_run(kfp_run_id: str, kfp_state: str, error_message: str = "") -> str:
     """Mark the KFP run's parent run with the MLflow status matching KFP's final state; returns that
     status, or "" when the run never opened one (its first step failed)."""
+    from components.lineage.kfp_mlflow import kfp_task_run
+
     status = FINAL_STATUS.get(str(kfp_state).upper(), "FAILED")
     client = tracking_client()
     run_id = find_pipeline_run(client, experiment_id(client), kfp_run_id)
@@ -157,6 +192,9 @@ def close_pipeline_run(kfp_run_id: str, kfp_state: str, error_message: str = "")
         return ""
     if error_message:
         client.set_tag(run_id, "alignflow.error", error_message[:5000])
+    if kfp_task_run() is not None:  # KFP's run: KFP's API server closes it when the pipeline run ends
+        logger.info("MLflow run %s belongs to KFP's MLflow integration, which closes it (%s)", run_id, status)
+        return status
     client.set_terminated(run_id, status=status)
     return status
 

@@ -47,6 +47,7 @@ RESOURCES = {
     "trainjobs": ("trainer.kubeflow.org", True, "TrainJob", "v1alpha1"),
     "trainingruntimes": ("trainer.kubeflow.org", True, "TrainingRuntime", "v1alpha1"),
     "clustertrainingruntimes": ("trainer.kubeflow.org", False, "ClusterTrainingRuntime", "v1alpha1"),
+    "workloads": ("kueue.x-k8s.io", True, "Workload", "v1beta1"),  # Kueue's, written by tests as Kueue would
 }
 CUSTOM_RESOURCES = {"pytorchjobs", "trainjobs", "trainingruntimes", "clustertrainingruntimes"}
 TRAINING_OPERATOR = frozenset({"pytorchjobs"})
@@ -127,6 +128,8 @@ class ApiServer:
         self.authorizer = Authorizer()
         self.serves = frozenset(serves)
         """The custom resources this cluster has CRDs for; the others answer 404 like any unknown path."""
+        self.trainer_release = ""
+        """Whose CRDs Kubeflow Trainer's resources are checked against (`tests.schemas.TRAINER_RELEASES`)."""
         self.admission: dict[str, Callable[[dict], list[str]]] = {}
         """resource -> a validating webhook: the problems it finds in an object about to be created."""
         self.faults: list[Fault] = []
@@ -186,7 +189,13 @@ class ApiServer:
         if resource in CUSTOM_RESOURCES:
             from tests.schemas import problems as crd_problems
 
-            problems = crd_problems(f"{resource}.{RESOURCES[resource][0]}", obj)
+            group = RESOURCES[resource][0]
+            release = self.trainer_release if group == "trainer.kubeflow.org" else ""
+            problems = crd_problems(f"{resource}.{group}", obj, release)
+            if release == "trainer-v2.4":
+                from tests.schemas import trainer_v24_problems
+
+                problems += trainer_v24_problems(obj)
             errors += [p for p in problems if not p.startswith("unknown field ")]
             pruned = [p.removeprefix("unknown field ") for p in problems if p.startswith("unknown field ")]
         return errors, pruned

@@ -9,6 +9,10 @@ fits nowhere stays Pending with `PodScheduled=False/Unschedulable` and a FailedS
 and lets the kubelet run, follow and stop containers (`kubelet.py`). Tests create what a
 platform team would: nodes, a namespace's Secrets and ConfigMaps, service accounts with RBAC
 (Role/ClusterRole and their bindings, applied from manifests such as the chart's).
+
+`trainer_status=True` turns on Kubeflow Trainer's `TrainJobStatus` feature gate: its status server
+(`trainer_status.py`) takes the progress a TrainJob's pods report into `status.trainerStatus`.
+`api_versions()` is what the cluster's discovery tells Helm (`.Capabilities.APIVersions`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tests.cluster.scheduler import choose_node, pod_requests
 from tests.cluster.store import Store, now_rfc3339
 from tests.cluster.tls import server_context, write_serving_certificate
 from tests.cluster.trainer_controller import TrainerController
+from tests.cluster.trainer_status import TrainerStatusServer
 from tests.cluster.training_operator import TrainingOperator
 
 ADMIN = "kubernetes-admin"
@@ -60,19 +65,25 @@ class Cluster:
     def __init__(self, workdir: Path, nodes: list[dict], images: set[str] | None = None,
                  image_users: dict[str, tuple[int, int, str]] | None = None,
                  image_roots: dict[str, ImageRoot] | None = None,
-                 serves: frozenset[str] = TRAINING_OPERATOR | KUBEFLOW_TRAINER) -> None:
+                 serves: frozenset[str] = TRAINING_OPERATOR | KUBEFLOW_TRAINER, trainer_status: bool = False,
+                 trainer_release: str = "") -> None:
         self.workdir = workdir
         self.store = Store()
         cert, key = write_serving_certificate(workdir / "pki")
         self.ca_pem = cert.read_bytes()
         self.ca_path = cert
         self.api = ApiServer(self.store, server_context(cert, key), serves=serves)
+        self.api.trainer_release = trainer_release  # "trainer-v2.4": Kubeflow Trainer v2.4's CRDs and rules
         self.kubelet = Kubelet(self.store, workdir / "pods", self.api.port, self.ca_pem, self.issue_token, images)
         self.kubelet.image_users = dict(image_users or {})
         self.kubelet.image_roots = dict(image_roots or {})
         self.api.log_source = self.kubelet.log
         self.operator = TrainingOperator(self.store, self.kubelet)
         self.trainer = TrainerController(self.store, self.kubelet)
+        self.trainer_status = TrainerStatusServer(self.store, server_context(cert, key), self.ca_pem) \
+            if trainer_status else None
+        self.trainer.status_server = self.trainer_status
+        self.kubelet.issue_audience_token = self.trainer_status.issue if self.trainer_status else None
         self.api.admission["trainjobs"] = self.trainer.admit
         self.admin_token = secrets.token_hex(16)
         self.api.authorizer.add_token(self.admin_token, ADMIN)
@@ -90,6 +101,8 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         self.api.start()
+        if self.trainer_status is not None:
+            self.trainer_status.start()
         self._loop.start()
         return self
 
@@ -98,8 +111,18 @@ class Cluster:
         self._loop.join(timeout=10)
         self.kubelet.stop_all()
         self.api.stop()
+        if self.trainer_status is not None:
+            self.trainer_status.stop()
 
     # ---- what a platform team sets up
+
+    def api_versions(self) -> list[str]:
+        """`group/version` and `group/version/Kind` of every custom resource served (Helm's capabilities)."""
+        from tests.cluster.apiserver import CUSTOM_RESOURCES, RESOURCES
+
+        served = [RESOURCES[name] for name in sorted(CUSTOM_RESOURCES) if self.api.is_served(name)]
+        return sorted({f"{group}/{version}" for group, _, _, version in served}
+                      | {f"{group}/{version}/{kind}" for group, _, kind, version in served})
 
     def issue_token(self, namespace: str, account: str) -> str:
         token = secrets.token_hex(16)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.cluster import kfp_ir
 from tests.cluster.apiserver import KUBEFLOW_TRAINER, TRAINING_OPERATOR
@@ -116,12 +115,13 @@ def tracking_server(object_store, tmp_path_factory) -> str:
     stop(process)
 
 
-def render_chart(values: dict) -> list[dict]:
-    """The chart's manifests for `values` (release `af` in the profile namespace), by the Helm engine."""
-    import helm_python
+def render_chart(values: dict, api_versions: list[str] | tuple[str, ...] = ()) -> list[dict]:
+    """The chart's manifests for `values` (release `af` in the profile namespace), by the Helm engine, on a cluster
+    whose discovery lists `api_versions` (`Cluster.api_versions()`: the chart installs its TrainingRuntime only
+    where Kubeflow Trainer is served)."""
+    from tests.helm.chart import render
 
-    rendered = helm_python.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return [doc for path, text in rendered.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+    return render(values, api_versions=tuple(api_versions), namespace=NAMESPACE)
 
 
 def chart_values(endpoint: str, tracking_uri: str = "", kind: str = "trainjob") -> dict:
@@ -140,7 +140,7 @@ def install_platform(cluster: Cluster, endpoint: str, *, values: dict | None = N
                      config_map: bool = True) -> list[dict]:
     """The platform team's steps: the chart (its ConfigMap, and its Role bound by the chart to KFP's runner), the S3
     Secret."""
-    manifests = render_chart(values or chart_values(endpoint))
+    manifests = render_chart(values or chart_values(endpoint), cluster.api_versions())
     for manifest in sorted(manifests, key=lambda m: m["kind"] not in ("Role", "ClusterRole")):
         if manifest["kind"] == "ConfigMap" and not config_map:
             continue

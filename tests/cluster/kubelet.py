@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.cluster.projected import ProjectedVolumeError, mount_projected_volumes
 from tests.cluster.sandbox import ImageRoot, PodFilesystem
 from tests.cluster.store import NotFound, Store, now_rfc3339
 
@@ -208,6 +209,7 @@ class Kubelet:
         self.runtimes: dict[tuple[str, str], Runtime] = {}
         self.removed: dict[tuple[str, str], Runtime] = {}  # runtimes of deleted pods, for their logs
         self.hooks: dict[tuple[str, str], PodHooks] = {}
+        self.issue_audience_token: Callable[[str, str, str], str] | None = None  # projected tokens (projected.py)
         self.hosts: dict[tuple[str, str], dict[str, str]] = {}  # extra /etc/hosts entries per pod
         self.lock = threading.RLock()
 
@@ -305,7 +307,8 @@ class Kubelet:
         runtime.fs.run_as(uid, gid, home)
         try:
             mount_secret_volumes(self.store, pod, container, runtime.fs)
-        except VolumeError as err:
+            mount_projected_volumes(self.store, pod, container, runtime.fs, self.issue_audience_token)
+        except (VolumeError, ProjectedVolumeError) as err:
             self._set_status(key, "Pending", {"waiting": {"reason": "ContainerCreating"}},
                              event=("FailedMount", str(err)))
             return

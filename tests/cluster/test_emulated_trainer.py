@@ -24,7 +24,7 @@ IMAGE = "ghcr.io/alignflow/trainer:1"
 
 def install_runtime(cluster: Cluster, **runtime_values) -> None:
     """The chart's TrainingRuntime, as a platform team installs it."""
-    for manifest in render_chart({"training": {"runtime": runtime_values}}):
+    for manifest in render_chart({"training": {"runtime": runtime_values}}, cluster.api_versions()):
         if manifest["kind"] == "TrainingRuntime":
             cluster.apply(manifest, NS)
 

@@ -161,7 +161,7 @@ def test_two_node_job_survives_a_lost_node_and_a_trainjob_a_preemption(kind, san
     with Cluster(tmp_path, emulated_nodes(), image_users=IMAGE_USERS, serves=kind.serves) as cluster:
         cluster.create_namespace_objects(NAMESPACE, secrets_={S3_SECRET: {
             "AWS_ACCESS_KEY_ID": S3_ENV["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": S3_ENV["AWS_SECRET_ACCESS_KEY"]}})
-        for manifest in render_chart(chart_values(object_store, kind=kind.name)):
+        for manifest in render_chart(chart_values(object_store, kind=kind.name), cluster.api_versions()):
             if manifest["kind"] == "TrainingRuntime":  # the chart's, as installed on a Kubeflow Trainer cluster
                 cluster.apply(manifest, NAMESPACE)
         name, thread, outcome = launch_stage(cluster, kind, options, config, config_uri, run_id)

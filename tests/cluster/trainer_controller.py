@@ -82,6 +82,7 @@ class TrainerController:
         self.store = store
         self.kubelet = kubelet
         self.jobsets: dict[str, JobSetState] = {}  # TrainJob uid -> state
+        self.status_server = None  # the TrainJobStatus gate's server (trainer_status.py), when it is on
 
     # ---- the webhook
 
@@ -261,6 +262,8 @@ class TrainerController:
         annotations = {**(template.get("metadata") or {}).get("annotations", {}), COMPLETION_INDEX: str(index)}
         spec = {**copy.deepcopy(template["spec"]), "hostname": hostname, "subdomain": name}
         spec["restartPolicy"] = spec.get("restartPolicy") or "Never"
+        if self.status_server is not None:
+            self.status_server.inject(job, spec)
         hosts = {}
         for other in range(num_nodes):
             address = f"127.0.0.{2 + other}"

@@ -60,16 +60,30 @@ OVERRIDES = {
     },
 }
 
-def render(values: dict, *, upgrade_to: int | None = None) -> list[dict]:
-    """The chart's manifests for `values`, as Helm would install them (release af in namespace ml), or
-    upgrade them to revision `upgrade_to`."""
+# What a cluster's discovery tells Helm (`.Capabilities.APIVersions`): group/version and group/version/Kind.
+TRAINER_APIS = ("trainer.kubeflow.org/v1alpha1", "trainer.kubeflow.org/v1alpha1/TrainJob",
+                "trainer.kubeflow.org/v1alpha1/TrainingRuntime", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime")
+OPERATOR_APIS = ("kubeflow.org/v1", "kubeflow.org/v1/PyTorchJob")
+
+
+def render(values: dict, *, upgrade_to: int | None = None,
+           api_versions: tuple[str, ...] = TRAINER_APIS + OPERATOR_APIS, namespace: str = NAMESPACE) -> list[dict]:
+    """The chart's manifests for `values`, as Helm would install them (release af in `namespace`), or
+    upgrade them to revision `upgrade_to`, on a cluster serving `api_versions` (default: Trainer and Operator)."""
+    import json
+
     import helm_python
+    from helm_python import _native
 
     chart = helm_python.Chart.load(str(CHART))
+    options = {"name": RELEASE, "namespace": namespace, "api_versions": list(api_versions)}
     if upgrade_to is None:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        options["is_install"] = True
     else:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, revision=upgrade_to, is_upgrade=True)
+        options.update(revision=upgrade_to, is_upgrade=True)
+    # `Chart.render` has no parameter for the capabilities; the Helm engine underneath takes them (`api_versions`,
+    # as `helm template --api-versions`), and checks values against the schema as `Chart.render` does.
+    rendered = json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options)))
     return [doc for path, text in rendered.items() if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
 

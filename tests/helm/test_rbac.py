@@ -161,7 +161,8 @@ def required_permissions() -> dict[tuple[str, str, str], list[str]]:
 def job_kind_of(permission: tuple[str, str, str]) -> str:
     """Which job kind needs a permission: `pytorchjob`, `trainjob`, or `both` (pods, logs, events)."""
     group = permission[0]
-    return {"kubeflow.org": "pytorchjob", "trainer.kubeflow.org": "trainjob"}.get(group, "both")
+    return {"kubeflow.org": "pytorchjob", "trainer.kubeflow.org": "trainjob",
+            "kueue.x-k8s.io": "trainjob"}.get(group, "both")  # a queued TrainJob's Kueue Workload
 
 
 def granted_permissions(values: dict, kind: str = "Role") -> set[tuple[str, str, str]]:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helm.chart import RUNTIME_KINDS, one, pod_spec, render
+from tests.helm.chart import OPERATOR_APIS, RUNTIME_KINDS, TRAINER_APIS, one, pod_spec, render
+from tests.schemas import TRAINER_RELEASES, problems, trainer_v24_problems
+
+CLUSTERS = {"trainer-only": TRAINER_APIS, "operator-only": OPERATOR_APIS, "both": TRAINER_APIS + OPERATOR_APIS,
+            "offline (helm template)": ()}
 
 
-def runtimes(values: dict) -> list[dict]:
-    return [d for d in render(values) if d["kind"] in RUNTIME_KINDS]
+def runtimes(values: dict, api_versions: tuple[str, ...] = TRAINER_APIS + OPERATOR_APIS) -> list[dict]:
+    return [d for d in render(values, api_versions=api_versions) if d["kind"] in RUNTIME_KINDS]
 
 
 def test_the_runtime_is_what_the_launcher_is_told_to_reference():
@@ -68,3 +72,42 @@ def test_a_bad_job_kind_is_rejected_at_install():
 
     with pytest.raises(helm_python.HelmValuesError, match="jobKind"):
         render({"training": {"jobKind": "tfjob"}})
+
+
+@pytest.mark.parametrize(("cluster", "job_kind", "expected"), [
+    ("trainer-only", "auto", ["TrainingRuntime"]),
+    ("operator-only", "auto", []),  # no TrainingRuntime CRD: installing one would fail the release
+    ("both", "auto", ["TrainingRuntime"]),
+    ("offline (helm template)", "auto", []),
+    ("offline (helm template)", "trainjob", ["TrainingRuntime"]),  # an explicit choice installs it regardless
+    ("trainer-only", "pytorchjob", []),
+])
+def test_the_runtime_follows_what_the_cluster_serves(cluster, job_kind, expected):
+    documents = render({"training": {"jobKind": job_kind}}, api_versions=CLUSTERS[cluster])
+    assert [d["kind"] for d in documents if d["kind"] in RUNTIME_KINDS] == expected
+    # Nothing else the chart installs needs an API the cluster may lack: the install needs no manual step.
+    assert all(not d["apiVersion"].startswith(("trainer.kubeflow.org/", "kubeflow.org/")) for d in documents
+               if d["kind"] not in RUNTIME_KINDS)
+
+
+def test_a_cluster_runtime_is_gated_on_its_own_kind():
+    values = {"training": {"runtime": {"kind": "ClusterTrainingRuntime"}}}
+    only_namespaced = ("trainer.kubeflow.org/v1alpha1", "trainer.kubeflow.org/v1alpha1/TrainingRuntime")
+    assert runtimes(values, only_namespaced) == []
+    assert [d["kind"] for d in runtimes(values, TRAINER_APIS)] == ["ClusterTrainingRuntime"]
+
+
+@pytest.mark.parametrize("release", TRAINER_RELEASES)
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+def test_the_runtime_is_valid_for_trainer_v2_3_and_v2_4(release, kind):
+    [runtime] = runtimes({"training": {"runtime": {"kind": kind, "maxRestarts": 2}}})
+    plural = f"{kind.lower()}s.trainer.kubeflow.org"
+    assert problems(plural, runtime, TRAINER_RELEASES[release]) == []
+    assert trainer_v24_problems(runtime) == []  # v2.4: replicated-job names of at most 20 characters
+
+
+def test_the_v2_4_name_limit_is_checked():
+    [runtime] = runtimes({})
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] = "node-with-a-long-name"  # 21 characters
+    [problem] = trainer_v24_problems(runtime)
+    assert "replicatedJobs[0].name" in problem and "longer than 20 characters" in problem

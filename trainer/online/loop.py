@@ -228,7 +228,10 @@ class PPOTrainer(OLTrainer):
         score, tokens, kl, count, *counts = all_reduce_sum(local).tolist()
         self._episode_sizes = (tokens, count)
         metrics = {"episode/reward_mean": score / count, "episode/response_length": tokens / count,
-                   "episode/kl_coef": self.kl_controller.value}
+                   "episode/kl_coef": self.kl_controller.value,
+                   # Where the run is (the TrainJob's progress: trainer.tracking.trainjob_status).
+                   "progress/episode": float(self.num_episodes_done + 1),
+                   "progress/total_episodes": float(self.options.num_episodes)}
         if isinstance(self.config, GRPOConfig):
             metrics.update(grpo_metrics(dict(zip(GRPO_COUNTS, counts))))
         if has_kl:

@@ -155,6 +155,9 @@ class SupervisedTrainer(SLTrainer):
             samples_seen += sum(batch["num_samples"] for batch in group)
             self.global_step += 1
             self.nonfinite.observe(metrics, self.global_step)  # a TrainingError after too many in a row
+            # Where the run is (the TrainJob's progress: trainer.tracking.trainjob_status).
+            metrics.update({"progress/epoch": float(epoch + 1), "progress/total_epochs": float(
+                self.config.train.max_epochs), "progress/total_steps": float(self.max_steps)})
             self._record(metrics, group, time.perf_counter() - started)
             state = self._state(epoch, samples_seen)
             is_preempted = preemption.stop_requested()  # every rank, every step: they stop at the same one

@@ -199,7 +199,8 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
         resume_run_id: The MLflow run of the attempt being resumed, continued instead of a new run.
 
     Returns:
-        The tracker (a `MultiTracker` on rank 0).
+        The tracker (a `MultiTracker` on rank 0; it reports progress to the TrainJob too where Kubeflow Trainer
+        injected its status endpoint: `trainer.tracking.trainjob_status`).
     """
     if not is_main_process:
         return NullTracker()
@@ -217,4 +218,8 @@ def build_tracker(directory: Path, is_main_process: bool, config: TrackingConfig
             (directory / "mlflow_run.json").write_text(json.dumps(location))
         except Exception as err:  # noqa: BLE001 - no tracking server must not stop training
             logging.getLogger(__name__).warning("MLflow tracking disabled for this run: %s", redact_text(str(err)))
-    return MultiTracker(trackers)
+    from trainer.runtime import read_trainjob_status_env
+    from trainer.tracking.trainjob_status import build_status_reporter
+
+    reporter = build_status_reporter(read_trainjob_status_env())  # the TrainJob's progress, where Trainer takes it
+    return MultiTracker(trackers + ([reporter] if reporter is not None else []))

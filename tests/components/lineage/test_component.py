@@ -21,6 +21,7 @@ def tracking(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)  # KFP's MLflow integration off (tests/integration covers on)
     return MlflowClient(uri)
 
 

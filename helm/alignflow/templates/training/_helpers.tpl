@@ -18,3 +18,14 @@
 {{- define "alignflow.usesPyTorchJobs" -}}
 {{- if ne .Values.training.jobKind "trainjob" }}true{{ end }}
 {{- end }}
+
+{{/*
+Whether the chart installs its runtime: `training.runtime.create`, TrainJobs in use, and the cluster serving the
+runtime's kind (`.Capabilities.APIVersions`), so one install works on a Trainer-only, an Operator-only and a both
+cluster. `jobKind: trainjob` installs it whatever discovery says (`helm template` without `--api-versions`).
+Usage: {{ if include "alignflow.installsRuntime" . }}
+*/}}
+{{- define "alignflow.installsRuntime" -}}
+{{- $served := .Capabilities.APIVersions.Has (printf "trainer.kubeflow.org/v1alpha1/%s" .Values.training.runtime.kind) }}
+{{- if and (include "alignflow.usesTrainJobs" .) .Values.training.runtime.create (or $served (eq .Values.training.jobKind "trainjob")) }}true{{ end }}
+{{- end }}
