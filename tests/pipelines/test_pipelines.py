@@ -14,6 +14,10 @@ import pytest
 
 from pipelines.local_run import run_locally, task_outputs
 
+# Each pipeline's own stages, between SFT and the evaluation; the frame around them is the same for all.
+OWN_STAGES = {"rlhf-dpo": ["train-dpo"], "rlhf-ppo": ["train-ppo", "train-reward-model"], "rlhf-grpo": ["train-grpo"],
+              "rlhf-kto": ["train-kto"], "rlhf-orpo": ["train-orpo"]}
+
 
 @pytest.mark.parametrize(("name", "stage_parameter"), [("rlhf-dpo", "dpo_beta"), ("rlhf-ppo", "ppo_kl_coef"),
                                                       ("rlhf-grpo", "grpo_generations"), ("rlhf-kto", "kto_beta"),
@@ -42,7 +46,14 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     # stage's hyper-parameter says what its component's input says (pipelines/parameters.py).
     import yaml
 
-    described = next(yaml.safe_load_all(text))["root"]["inputDefinitions"]["parameters"]
+    spec = next(yaml.safe_load_all(text))
+    # One frame (pipelines/steps.py): lineage and the exit task outside, then the inputs, SFT, the pipeline's own
+    # stages, the evaluation and the gate inside the exit handler.
+    assert sorted(spec["root"]["dag"]["tasks"]) == ["exit-handler-1", "finish-run", "open-lineage"]
+    assert sorted(spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]) == sorted(
+        ["condition-2", "evaluate-model", "fingerprint-inputs", "prepare-inputs", "train-sft", *OWN_STAGES[name]])
+    assert list(spec["components"]["comp-condition-2"]["dag"]["tasks"]) == ["register-model"]
+    described = spec["root"]["inputDefinitions"]["parameters"]
     assert set(described) == set(inputs)
     assert [name for name, spec in described.items() if not spec.get("description")] == []
     assert described["sft_lr"]["description"] == "SFT: Peak learning rate of AdamW."
