@@ -31,6 +31,7 @@ from pipelines.run_display import RunDisplay
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 STARTED = re.compile(r"Executing task '([\w-]+)'")
 FINISHED = re.compile(r"Task '([\w-]+)' finished with status (\w+)")
+PIPELINE_FINISHED = re.compile(r"Pipeline '[\w-]+' finished with status")
 RETRIED = re.compile(r"Task ([\w-]+) (failed \(attempt \d+/\d+\))\. Retrying (in [\d.]+s)")
 SKIPPED = re.compile(r"Skipping (?:conditional )?task ([\w-]+)(?::| \()\s*(.*?)\)?\.?$")
 # The trainer's progress lines, as a job's rank-0 replica prints them: "step 10/75 loss ...", "episode 3: reward ...".
@@ -96,6 +97,8 @@ class TaskLogRouter(io.TextIOBase):
         if match := STARTED.search(plain):
             self.task = match.group(1)
             self.display.started(self.task, self.log_path(self.task))
+        elif PIPELINE_FINISHED.search(plain):
+            self.task = BETWEEN_TASKS  # the last task's log ends with that task
         retried = RETRIED.search(plain)  # logged after the failed attempt's end: filed with its attempts
         self._file(retried.group(1) if retried else self.task).write(plain + "\n")
         if match := FINISHED.search(plain):

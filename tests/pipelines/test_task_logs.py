@@ -94,4 +94,8 @@ def test_lines_outside_any_task_go_to_the_pipeline_log_and_silence_writes_nothin
     assert not (tmp_path / "quiet").exists()  # a run that fails its checks before any output leaves no folder
     with capture_task_logs(tmp_path / "logs", RecordingDisplay()):
         print("Running pipeline: 'rlhf-dpo'")
-    assert (tmp_path / "logs" / "pipeline.log").read_text() == "Running pipeline: 'rlhf-dpo'\n"
+        run_task_as_kfp_local_does("finish-run", ["[KFP Executor] closed run abc"])
+        print("Pipeline 'rlhf-dpo' finished with status SUCCESS")
+    assert (tmp_path / "logs" / "pipeline.log").read_text() == ("Running pipeline: 'rlhf-dpo'\n"
+                                                              "Pipeline 'rlhf-dpo' finished with status SUCCESS\n")
+    assert "closed run abc" in (tmp_path / "logs" / "finish-run.log").read_text()
