@@ -116,8 +116,8 @@ class TaskLogRouter(io.TextIOBase):
     def _file(self, task: str) -> IO[str]:
         if task not in self.files:
             self.directory.mkdir(parents=True, exist_ok=True)
-            # Appended to: a retried task's attempts share its file.
-            self.files[task] = self.log_path(task).open("a", encoding="utf-8")
+            # Appended to: a retried task's attempts share its file. Line-buffered: `tail -f` follows a running task.
+            self.files[task] = self.log_path(task).open("a", encoding="utf-8", buffering=1)
         return self.files[task]
 
 
