@@ -31,7 +31,9 @@ test: venv $(ACTIONLINT)
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
 	$(PY) -m pytest
 
-# The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes).
+# The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes): a line per
+# task as it starts and ends, then each run's summary; the executor logs go to $(DEMO_DIR)/logs/ (--verbose
+# prints them instead).
 demo: venv
 	$(VENV)/bin/alignflow run rlhf-ppo --preset tiny --root $(DEMO_DIR)
 	$(VENV)/bin/alignflow run rlhf-dpo --preset tiny --root $(DEMO_DIR)

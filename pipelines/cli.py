@@ -1,6 +1,6 @@
 """`alignflow`: run a pipeline on this machine, compile it, or send it to Kubeflow Pipelines.
 
-    alignflow run [PIPELINE] [--preset tiny] [--param key=value ...] [--root DIR]
+    alignflow run [PIPELINE] [--preset tiny] [--param key=value ...] [--root DIR] [--verbose]
     alignflow compile PIPELINE -o pipeline.yaml
     alignflow submit [PIPELINE] --host URL [--params-file FILE] [--param key=value ...] [--wait]
     alignflow schedule [PIPELINE] --host URL --cron "0 3 * * *" [--params-file FILE] [--param key=value ...]
@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--root", type=Path, default=Path("alignflow-runs"), help="Local pipeline root.")
     run.add_argument("--preset", default=None, help="Named parameter set, e.g. `tiny` (the offline tiny model "
                                                     "and addition task that `make demo` runs).")
+    run.add_argument("--verbose", action="store_true",
+                     help="Show every task's executor output as it runs (by default it goes only to the log files "
+                          "under ROOT/logs/, and a line per task shows its start and end).")
     compile_ = commands.add_parser("compile", help="Compile a pipeline to a KFP package (YAML).")
     compile_.add_argument("pipeline", help="Pipeline name.")
     compile_.add_argument("-o", "--output", type=Path, required=True, help="Where to write the package.")
@@ -181,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from pipelines.local_run import run_and_summarise
 
-            print(run_and_summarise(args.pipeline, args.root, check_scheduling(parse_params(args.param)), args.preset))
+            print(run_and_summarise(args.pipeline, args.root, check_scheduling(parse_params(args.param)), args.preset,
+                                    args.verbose))
     except AlignflowError as err:
+        from pipelines.local_run import LocalRunFailed
+
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_RUN_FAILED if isinstance(err, LocalRunFailed) else EXIT_ERROR
     return 0
 
 

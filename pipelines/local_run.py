@@ -1,54 +1,26 @@
 """`alignflow run`: a whole pipeline on this machine with kfp.local and the local launcher.
 
 Every stage's PyTorchJob runs as local processes, artifacts live under a local pipeline root, and
-MLflow tracks to `<root>/mlflow.db` unless MLFLOW_TRACKING_URI says otherwise. The summary reads
-each task's outputs back from the pipeline root.
+MLflow tracks to `<root>/mlflow.db` unless MLFLOW_TRACKING_URI says otherwise. Each task's executor
+output goes to its own log file (pipelines/task_logs.py) while the terminal shows a line per task
+(pipelines/run_display.py). The summary reads each task's outputs back from the pipeline root.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pipelines.catalog import get_pipeline
+from pipelines.run_display import RunDisplay
+from pipelines.task_logs import capture_task_logs
+from trainer.errors import PipelineError
 
 LOCAL_ARGUMENTS = {"launcher_mode": "local", "gpus_per_node": 0, "trainer_image": "alignflow-trainer:latest"}
-
-
-class _TaskProgress(logging.Filter):
-    """Turns kfp.local's log records into a one-line progress display (a rich status on a terminal).
-
-    A filter on the root logger, not a handler: kfp.local replaces the root logger's handlers
-    while it runs, but leaves its filters alone. It lets every record through.
-    """
-
-    COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-    STARTED = re.compile(r"Executing task '([\w-]+)'")
-    FINISHED = re.compile(r"Task '([\w-]+)' finished with status")
-
-    def __init__(self, status: Any) -> None:
-        super().__init__()
-        self.status = status
-        self.started = time.monotonic()
-        self.done: list[str] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self._update(record.getMessage())
-        return True
-
-    def _update(self, message: str) -> None:
-        message = self.COLOUR.sub("", message)
-        if match := self.STARTED.search(message):
-            finished = ", ".join(self.done) or "-"
-            self.status.update(f"[bold]{match.group(1)}[/] running ({time.monotonic() - self.started:.0f} s; "
-                               f"done: {finished})")
-        elif match := self.FINISHED.search(message):
-            self.done.append(match.group(1))
 
 
 def local_arguments(name: str, root: Path, arguments: dict[str, Any], preset: str | None) -> dict[str, Any]:
@@ -60,18 +32,39 @@ def local_arguments(name: str, root: Path, arguments: dict[str, Any], preset: st
     return {**LOCAL_ARGUMENTS, **chosen, **arguments}
 
 
-def run_locally(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None) -> Path:
-    """Run pipeline `name` under `root` (with a preset's parameters, e.g. `tiny`); return the run's folder."""
+class LocalRunFailed(PipelineError):
+    """A task of a local run failed (the run's exit handler has still run); names the tasks' log files."""
+
+
+def default_log_dir(root: Path, name: str) -> Path:
+    """Where a run's executor logs go by default: `<root>/logs/<pipeline>-<UTC time>/<task>.log`."""
+    return root.resolve() / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
+def run_locally(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None,
+                log_dir: Path | None = None, verbose: bool = False) -> Path:
+    """Run pipeline `name` under `root` (with a preset's parameters, e.g. `tiny`); return the run's folder.
+
+    Each task's executor output goes to `log_dir/<task>.log` (default: `default_log_dir`); stderr shows a
+    line per task as it starts and ends, or, with `verbose`, the executor output itself as well.
+
+    Raises:
+        LocalRunFailed: A task failed; the message names its log file.
+    """
     from rich.console import Console
 
-    console = Console(stderr=True)
-    with console.status(f"starting {name}") as status:
-        progress = _TaskProgress(status)
-        logging.getLogger().addFilter(progress)
-        try:
-            return _run(name, root, local_arguments(name, root.resolve(), arguments, preset))
-        finally:
-            logging.getLogger().removeFilter(progress)
+    log_dir = log_dir or default_log_dir(root, name)
+    # Bound to the terminal's stderr now: a Console left to find sys.stderr later would find the capture.
+    with RunDisplay(Console(file=sys.stderr), quiet=verbose) as display:
+        with capture_task_logs(log_dir, display, verbose) as router:
+            try:
+                return _run(name, root, local_arguments(name, root.resolve(), arguments, preset))
+            except RuntimeError as err:  # kfp.local's "Pipeline ... finished with status FAILURE"
+                if not router.failed:
+                    raise
+                error = err
+        logs = ", ".join(f"{task} ({router.log_path(task)})" for task in router.failed)
+    raise LocalRunFailed(f"{name}: task(s) failed: {logs}; all executor logs: {log_dir}") from error
 
 
 def _run(name: str, root: Path, arguments: dict[str, Any]) -> Path:
@@ -89,7 +82,8 @@ def _run(name: str, root: Path, arguments: dict[str, Any]) -> Path:
     finally:
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI")
-    created = [p for p in root.iterdir() if p not in before and p.is_dir()]
+    # kfp.local names the run's folder `<pipeline>-<time>`.
+    created = [p for p in root.iterdir() if p not in before and p.is_dir() and p.name.startswith(f"{name}-")]
     return max(created, key=lambda p: p.stat().st_mtime)
 
 
@@ -134,7 +128,11 @@ def format_summary(summary: dict[str, dict], elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def run_and_summarise(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None) -> str:
+def run_and_summarise(name: str, root: Path, arguments: dict[str, Any], preset: str | None = None,
+                      verbose: bool = False) -> str:
+    """Run pipeline `name` locally and return the summary table, with where the executor logs are."""
     started = time.time()
-    run_dir = run_locally(name, root, arguments, preset)
-    return format_summary(task_outputs(run_dir, started), time.time() - started)
+    log_dir = default_log_dir(root, name)
+    run_dir = run_locally(name, root, arguments, preset, log_dir, verbose)
+    summary = format_summary(task_outputs(run_dir, started), time.time() - started)
+    return f"{summary}\nexecutor logs: {log_dir}/<task>.log"

@@ -5,15 +5,7 @@ from kfp import dsl
 from components.grpo.component import train_grpo
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import (
-    cluster_arguments,
-    evaluate_and_register,
-    open_run,
-    prepare,
-    run_stages,
-    sft_stage,
-    stage_arguments,
-)
+from pipelines.steps import Candidate, cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-agent", description="SFT on tool-use traces, then multi-turn GRPO with tools; registered if "
@@ -48,15 +40,14 @@ def rlhf_agent(
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, prompts_uri=prompts_uri,
                     eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    lineage = open_run("rlhf-agent", base_model_uri, dataset_sha256, **datasets)
-    stage = stage_arguments(cluster, lineage, scheduling)
-    with run_stages(launcher_mode):
-        inputs = prepare(lineage, base_model_uri, **datasets)
-        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
-        grpo = as_stage(train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
-                                   eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
-                                   lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
-                                   rollout_engine=rollout_engine, environment=environment, settings=grpo_settings,
-                                   **stage))
-        evaluate_and_register(grpo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-agent", scheduling, rollout_engine=rollout_engine, environment=environment)
+
+    def grpo(sft, inputs, stage):
+        grpo_task = train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+                               eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
+                               lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
+                               rollout_engine=rollout_engine, environment=environment, settings=grpo_settings, **stage)
+        return Candidate(as_stage(grpo_task))
+
+    sft_then_align("rlhf-agent", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
+                   (sft_lr, sft_epochs, sft_settings), grpo, reward_function, max_new_tokens, registered_model_name,
+                   rollout_engine, environment)

@@ -5,7 +5,7 @@ from kfp import dsl
 from components.dpo.component import train_dpo
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import cluster_arguments, sft_then_align
+from pipelines.steps import Candidate, cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-dpo", description="SFT, then DPO, evaluated against the SFT model and registered if better.")
@@ -40,9 +40,10 @@ def rlhf_dpo(
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
 
     def dpo(sft, inputs, stage):
-        return as_stage(train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
-                                  eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
-                                  beta=dpo_beta, settings=dpo_settings, **stage))
+        dpo_task = train_dpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
+                             eval_dataset=inputs.outputs["preference_eval"], lr=dpo_lr, max_epochs=dpo_epochs,
+                             beta=dpo_beta, settings=dpo_settings, **stage)
+        return Candidate(as_stage(dpo_task))
 
     sft_then_align("rlhf-dpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), dpo, reward_function, max_new_tokens, registered_model_name)

@@ -10,7 +10,7 @@ from kfp import dsl
 from components.kto.component import train_kto
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import cluster_arguments, sft_then_align
+from pipelines.steps import Candidate, cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-kto", description="SFT, then KTO on unpaired feedback, evaluated against SFT, registered if better.")
@@ -48,10 +48,11 @@ def rlhf_kto(
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
 
     def kto(sft, inputs, stage):
-        return as_stage(train_kto(base_model=sft.outputs["model"], train_dataset=inputs.outputs["unpaired_train"],
-                                  eval_dataset=inputs.outputs["unpaired_eval"], lr=kto_lr, max_epochs=kto_epochs,
-                                  beta=kto_beta, desirable_weight=kto_desirable_weight,
-                                  undesirable_weight=kto_undesirable_weight, settings=kto_settings, **stage))
+        kto_task = train_kto(base_model=sft.outputs["model"], train_dataset=inputs.outputs["unpaired_train"],
+                             eval_dataset=inputs.outputs["unpaired_eval"], lr=kto_lr, max_epochs=kto_epochs,
+                             beta=kto_beta, desirable_weight=kto_desirable_weight,
+                             undesirable_weight=kto_undesirable_weight, settings=kto_settings, **stage)
+        return Candidate(as_stage(kto_task))
 
     sft_then_align("rlhf-kto", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), kto, reward_function, max_new_tokens, registered_model_name)

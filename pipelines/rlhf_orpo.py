@@ -10,7 +10,7 @@ from kfp import dsl
 from components.orpo.component import train_orpo
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import cluster_arguments, sft_then_align
+from pipelines.steps import Candidate, cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-orpo", description="SFT, then ORPO on preference pairs, evaluated against SFT, registered if better.")
@@ -46,9 +46,10 @@ def rlhf_orpo(
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
 
     def orpo(sft, inputs, stage):
-        return as_stage(train_orpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
-                                   eval_dataset=inputs.outputs["preference_eval"], lr=orpo_lr, max_epochs=orpo_epochs,
-                                   beta=orpo_beta, settings=orpo_settings, **stage))
+        orpo_task = train_orpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
+                               eval_dataset=inputs.outputs["preference_eval"], lr=orpo_lr, max_epochs=orpo_epochs,
+                               beta=orpo_beta, settings=orpo_settings, **stage)
+        return Candidate(as_stage(orpo_task))
 
     sft_then_align("rlhf-orpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), orpo, reward_function, max_new_tokens,

@@ -6,15 +6,7 @@ from components.ppo.component import train_ppo
 from components.rm.component import train_reward_model
 from pipelines.options import as_stage
 from pipelines.parameters import documented
-from pipelines.steps import (
-    cluster_arguments,
-    evaluate_and_register,
-    open_run,
-    prepare,
-    run_stages,
-    sft_stage,
-    stage_arguments,
-)
+from pipelines.steps import Candidate, cluster_arguments, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-ppo", description="SFT, a reward model, then PPO; evaluated against SFT and registered if better.")
@@ -53,18 +45,18 @@ def rlhf_ppo(
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
                     preference_eval_uri=preference_eval_uri, prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
     cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-    lineage = open_run("rlhf-ppo", base_model_uri, dataset_sha256, **datasets)
-    stage = stage_arguments(cluster, lineage, scheduling)
-    with run_stages(launcher_mode):
-        inputs = prepare(lineage, base_model_uri, **datasets)
-        sft = sft_stage(base_model_uri, inputs, stage, sft_lr, sft_epochs, sft_settings)
+
+    def reward_model_then_ppo(sft, inputs, stage):
         reward_model = as_stage(train_reward_model(
             base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
             eval_dataset=inputs.outputs["preference_eval"], lr=rm_lr, max_epochs=rm_epochs, settings=rm_settings,
             **stage))
-        ppo = as_stage(train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
-                                 eval_dataset=inputs.outputs["eval_prompts"], reward_model=reward_model.outputs["model"],
-                                 reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
-                                 kl_coef=ppo_kl_coef, rollout_engine=rollout_engine, settings=ppo_settings, **stage))
-        evaluate_and_register(ppo, sft, inputs, cluster, reward_function, max_new_tokens, registered_model_name,
-                              lineage, "rlhf-ppo", scheduling, reward_model=reward_model, rollout_engine=rollout_engine)
+        ppo_task = train_ppo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+                             eval_dataset=inputs.outputs["eval_prompts"], reward_model=reward_model.outputs["model"],
+                             reward_function=ppo_reward_function, lr=ppo_lr, num_episodes=ppo_episodes,
+                             kl_coef=ppo_kl_coef, rollout_engine=rollout_engine, settings=ppo_settings, **stage)
+        return Candidate(as_stage(ppo_task), reward_model=reward_model)
+
+    sft_then_align("rlhf-ppo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
+                   (sft_lr, sft_epochs, sft_settings), reward_model_then_ppo, reward_function, max_new_tokens,
+                   registered_model_name, rollout_engine)

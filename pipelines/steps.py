@@ -1,12 +1,16 @@
-"""Pieces every pipeline shares: the lineage run and inputs first, SFT, evaluation and the registration gate last.
+"""The frame every pipeline shares: the lineage run and inputs first, SFT, evaluation and the registration gate last.
 
-Every pipeline has the same frame:
+Every pipeline has the same frame, which `sft_then_align` writes:
 
     lineage = open_run("rlhf-dpo", base_model_uri, dataset_sha256, sft_train_uri=..., ...)
     with run_stages(launcher_mode):
         inputs = prepare(lineage, base_model_uri, sft_train_uri=..., ...)
-        ...stages with **stage_arguments(cluster, lineage, scheduling)...
-        evaluate_and_register(..., lineage, "rlhf-dpo")
+        sft = sft_stage(...)
+        candidate = align(sft, inputs, stage_arguments(cluster, lineage, scheduling))
+        evaluate_and_register(candidate.task, sft, ..., lineage, "rlhf-dpo")
+
+A pipeline's own file declares its parameters (KFP reads them from the function's signature) and
+`align`: the stage or stages between SFT and the evaluation (DPO; a reward model then PPO; ...).
 
 `open_run` is the first step: it checks the datasets against their manifest hashes and opens the
 pipeline's MLflow parent run, whose id every stage gets (`parent_run_id`) so its run nests under it.
@@ -16,6 +20,7 @@ closes the parent run with the pipeline's final state.
 
 from collections.abc import Callable
 from importlib import metadata
+from typing import NamedTuple
 
 from kfp import dsl
 
@@ -119,15 +124,25 @@ def cluster_arguments(launcher_mode: str, trainer_image: str, num_nodes: int, gp
                 num_nodes=num_nodes, gpus_per_node=gpus_per_node, s3_secret=s3_secret)
 
 
+class Candidate(NamedTuple):
+    """What a pipeline's own stages hand the frame: the model the gate judges, and what else the evaluation needs."""
+
+    task: dsl.PipelineTask
+    """The stage whose `model` output is the candidate."""
+    reward_model: dsl.PipelineTask | None = None
+    """A reward model stage whose `model` also scores the held-out answers (rlhf-ppo), or None."""
+
+
 def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str], dataset_sha256: dict, cluster: dict,
                    scheduling: dict, sft: tuple[float, int, dict],
-                   align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], dsl.PipelineTask],
-                   reward_function: str, max_new_tokens: int, registered_model_name: str) -> None:
-    """The whole frame of a pipeline whose one stage after SFT trains on a dataset (rlhf-dpo, -kto, -orpo).
+                   align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], Candidate],
+                   reward_function: str, max_new_tokens: int, registered_model_name: str,
+                   rollout_engine: str = "hf", environment: str = "") -> None:
+    """The whole frame of every pipeline: what comes before and after the stages that make the candidate.
 
     Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,
-    stage_arguments)` (the pipeline's own stage, started from SFT's model), and the evaluation against
-    SFT with the registration gate.
+    stage_arguments)` (the pipeline's own stages, started from SFT's model: DPO; a reward model then PPO;
+    ...), and the evaluation of its candidate against SFT with the registration gate.
 
     Args:
         pipeline: The pipeline's name (the lineage run and the registered version are tagged with it).
@@ -137,10 +152,12 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         cluster: `cluster_arguments(...)`.
         scheduling: The run's overrides of the platform's pod defaults.
         sft: SFT's (learning rate, epochs, settings).
-        align: Builds the stage after SFT.
+        align: Builds the pipeline's stages after SFT and returns its `Candidate`.
         reward_function: How the evaluation scores held-out answers.
         max_new_tokens: Longest evaluated answer.
         registered_model_name: The registry name the gate registers under.
+        rollout_engine: What samples the evaluation's answers (`hf`, or `vllm`).
+        environment: With a name, each held-out prompt is evaluated as a multi-turn episode in that environment.
     """
     lineage = open_run(pipeline, base_model_uri, dataset_sha256, **datasets)
     stage = stage_arguments(cluster, lineage, scheduling)
@@ -148,5 +165,7 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         inputs = prepare(lineage, base_model_uri, **datasets)
         sft_task = sft_stage(base_model_uri, inputs, stage, *sft)
         candidate = align(sft_task, inputs, stage)
-        evaluate_and_register(candidate, sft_task, inputs, cluster, reward_function, max_new_tokens,
-                              registered_model_name, lineage, pipeline, scheduling)
+        evaluate_and_register(candidate.task, sft_task, inputs, cluster, reward_function, max_new_tokens,
+                              registered_model_name, lineage, pipeline, scheduling,
+                              reward_model=candidate.reward_model, rollout_engine=rollout_engine,
+                              environment=environment)
