@@ -57,11 +57,13 @@ from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
+from trainer.online.correction import correct_rollout
 from trainer.online.engines import RolloutEngine, build_rollout_engine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import generate_and_score
 from trainer.parallel.booster import Booster
+from trainer.rewards.weighted import reward_metrics
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.tracker import Tracker
 
@@ -285,6 +287,9 @@ class PPOTrainer(OLTrainer):
         rows = [row for row in rows for _ in range(self.config.num_generations)]
         rollout = generate_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer)
         self.samples = rollout.samples(SAMPLES_KEPT)
+        self.tracker.log_metrics(reward_metrics(self.scorer), self.global_step)  # rewards/<source>/mean, /std
+        if self.config.rollout.is_correcting and rollout.engine_logps is not None:  # the engine's own log-probs
+            return {**rollout.batch, "behaviour_logps": rollout.engine_logps}, rollout.scores
         return rollout.batch, rollout.scores
 
     @torch.no_grad()
@@ -306,11 +311,17 @@ class PPOTrainer(OLTrainer):
         values = response_values(self.critic, batch) * mask if self.critic is not None else None
         has_reference = self.ref_model is not None
         old_logps = None
-        if has_reference or not is_exactly_on_policy(self.config, self.sample_buffer):
+        correcting = self.config.rollout.is_correcting
+        if has_reference or correcting or not is_exactly_on_policy(self.config, self.sample_buffer):
             old_logps = response_logps(self.actor, batch) * mask
+        if correcting and "behaviour_logps" not in batch:  # the hf engine sampled with these very weights
+            batch = {**batch, "behaviour_logps": old_logps}
         ref_logps = response_logps(self.ref_model, batch) * mask if has_reference else None
         experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
                                 version=version)
+        if correcting:
+            experience, correction_metrics = correct_rollout(experience, self.config.rollout.correction)
+            self.tracker.log_metrics(correction_metrics, self.global_step)
         return compute_advantages(experience, self.config, self.kl_controller.value)
 
     # -- learn --------------------------------------------------------------------------------------
