@@ -65,12 +65,15 @@ class RewardServer:
 
 
 class ScriptedService:
-    """A stdlib HTTP service whose answers a test scripts: `answer(body, call_number) -> (status, payload)`.
+    """A stdlib HTTP service whose answers a test scripts: `answer(body, call_number) -> (status, payload)`
+    (or `respond`, which also sees the request headers).
 
     It records the bodies it received and the most requests it saw in flight at once.
     """
 
-    def __init__(self, answer: Callable[[dict, int], tuple[int, object]], delay: float = 0.0) -> None:
+    def __init__(self, answer: Callable[[dict, int], tuple[int, object]] | None, delay: float = 0.0) -> None:
+        self.respond = None if answer is None else lambda body, call, headers: answer(body, call)
+        """`respond(body, call_number, headers) -> (status, payload)`; settable after the server starts."""
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.in_flight = self.max_in_flight = 0
@@ -90,7 +93,7 @@ class ScriptedService:
                     service.in_flight += 1
                     service.max_in_flight = max(service.max_in_flight, service.in_flight)
                 time.sleep(delay)
-                status, payload = answer(body, call)
+                status, payload = service.respond(body, call, dict(self.headers))
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 with lock:
                     service.in_flight -= 1
