@@ -30,15 +30,16 @@ def served_reward_model(tmp_path_factory, rl_start_model, task_files):
     server.stop()
 
 
-@pytest.mark.slow  # an rm stage, a server start and 20 GRPO episodes: past 30 s on 2 shared cores
+@pytest.mark.slow  # an rm stage, a server start and 25 GRPO episodes: past 30 s on 2 shared cores
 @pytest.mark.timeout(1800)
 def test_grpo_learns_from_checker_format_and_remote_reward_model(tmp_path, monkeypatch, served_reward_model,
                                                                  rl_start_model, task_files):
     monkeypatch.setenv("ALIGNFLOW_TEST_RM_TOKEN", TOKEN)
     sources = [
         {"kind": "function", "name": "tiny_addition", "weight": 1.0},
-        {"kind": "format", "name": "number", "pattern": r"\s*\d{1,2}\s*", "weight": 0.2},
-        {"kind": "remote", "name": "rm", "weight": 0.1,
+        {"kind": "format", "name": "number", "pattern": r"\s*\d{1,2}\s*", "weight": 0.1},
+        # The reward model's scores are logits (several units wide): a small weight keeps the checker in charge.
+        {"kind": "remote", "name": "rm", "weight": 0.02,
          "service": {"url": served_reward_model.url + "/score", "token_env": "ALIGNFLOW_TEST_RM_TOKEN",
                      "batch_size": 64, "max_concurrency": 2}},
     ]
@@ -47,13 +48,13 @@ def test_grpo_learns_from_checker_format_and_remote_reward_model(tmp_path, monke
                          optimizer={"lr": 5e-4, "warmup_steps": 0, "scheduler": "constant"},
                          train={"micro_batch_size": 64}, generation={"max_new_tokens": 4, "temperature": 0.7},
                          reward={"sources": sources},
-                         grpo={"num_episodes": 20, "rollout_batch_size": 32, "num_generations": 8,
+                         grpo={"num_episodes": 25, "rollout_batch_size": 32, "num_generations": 8,
                                "mini_batch_size": 64})
     run_online_stage(config)
 
     lines = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "rewards/tiny_addition/mean" in line]
-    assert len(steps) == 20  # one per collect step
+    assert len(steps) == 25  # one per collect step
     for name in ("tiny_addition", "number", "rm"):
         assert all(f"rewards/{name}/mean" in s and f"rewards/{name}/std" in s for s in steps), name
     assert steps[-1]["rewards/rm/failed_rows"] == 0
@@ -61,8 +62,8 @@ def test_grpo_learns_from_checker_format_and_remote_reward_model(tmp_path, monke
     assert sum(checker[-5:]) / 5 > sum(checker[:5]) / 5 + 0.1, checker  # the sums got clearly better
     # The episode's score is the weighted sum of the three components (one collect step per episode).
     episodes = [line["episode/reward_mean"] for line in lines if "episode/reward_mean" in line]
-    expected = [s["rewards/tiny_addition/mean"] + 0.2 * s["rewards/number/mean"] + 0.1 * s["rewards/rm/mean"]
+    expected = [s["rewards/tiny_addition/mean"] + 0.1 * s["rewards/number/mean"] + 0.02 * s["rewards/rm/mean"]
                 for s in steps]
     assert episodes == pytest.approx(expected, abs=1e-4)
-    assert served_reward_model.health()["requests"]["score"] - before == 20 * 4  # 256 rows in batches of 64
+    assert served_reward_model.health()["requests"]["score"] - before == 25 * 4  # 256 rows in batches of 64
     assert TOKEN not in (tmp_path / "grpo" / "metrics.jsonl").read_text()
