@@ -11,7 +11,8 @@ trainer's: a batch is `staleness` versions old when the trainer (at weight versi
 - Every accepted batch carries the explorer's per-token log-probs (`behaviour_logps`). The engine
   recomputes them under its current weights (`old_logps`, the proximal policy) and learns with the
   decoupled PPO objective, each token weighted by w = min(pi_old / pi_behav, cap) with
-  cap = `asynchronous.importance_sampling_cap`: formula and references in `trainer.algorithms.ppo`.
+  cap = `asynchronous.importance_sampling_cap`: formula and references in `trainer.algorithms.ppo`;
+  the weights are `trainer.algorithms.rollout_correction`'s `token_truncate` mode.
   A fresh batch (staleness 0) gets w = 1 up to float rounding, so nothing changes on-policy.
 
 Logged metrics (each trainer step): `staleness/mean`, `staleness/max` (versions, over the rows);
@@ -23,13 +24,9 @@ tokens: a k1 estimate of KL(pi_behav || pi_old) per token).
 
 from __future__ import annotations
 
-import math
-
-import torch
 from torch import Tensor
 
-from trainer.algorithms.common import masked_mean
-from trainer.algorithms.ppo import truncated_importance_weights
+from trainer.algorithms.rollout_correction import importance_weights
 from trainer.online.experience import Experience
 
 
@@ -57,12 +54,12 @@ def importance_correction(experience: Experience, cap: float) -> tuple[dict[str,
     """
     if experience.behaviour_logps is None:
         return {}, {}
-    mask = experience.action_mask.float()  # (B, T)
-    log_ratio = experience.old_logps - experience.behaviour_logps  # (B, T) log pi_old - log pi_behav
-    weights = truncated_importance_weights(experience.old_logps, experience.behaviour_logps, cap=cap)
+    # One computation with the colocated loop's rollout correction: token-level truncation at the cap.
+    weights, statistics = importance_weights(experience.old_logps, experience.behaviour_logps,
+                                             experience.action_mask, mode="token_truncate", clip_max=cap)
     metrics = {
-        "staleness/importance_weight": masked_mean(weights, mask).item(),
-        "staleness/truncated_fraction": masked_mean((log_ratio > math.log(cap)).float(), mask).item(),
-        "staleness/behaviour_kl": masked_mean(-log_ratio, mask).item(),
+        "staleness/importance_weight": statistics["weight_mean"].item(),
+        "staleness/truncated_fraction": statistics["clipped_fraction"].item(),
+        "staleness/behaviour_kl": statistics["kl"].item(),
     }
-    return {"importance_weights": torch.where(mask > 0, weights, torch.ones_like(weights))}, metrics
+    return {"importance_weights": weights}, metrics

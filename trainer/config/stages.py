@@ -20,6 +20,7 @@ from trainer.config.preference import (
     KTOAlgorithmConfig,
     ORPOAlgorithmConfig,
 )
+from trainer.config.rewards import RewardSourceSpec, RolloutCorrectionConfig, check_sources
 from trainer.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -173,6 +174,15 @@ class RolloutConfig(Section):
         "faster than 2 at 8-64 rows (benchmarks/README.md). No effect on GPU work.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="The `vllm` engine's settings.")
+    correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Importance correction of the engine's sampling "
+        "mismatch (TIS/MIS; docs/rewards.md).")
+
+    @property
+    def is_correcting(self) -> bool:
+        """Whether the loss is weighted by the rollout correction: `correction.enabled`, else on with vllm."""
+        enabled = self.correction.enabled
+        return self.engine == "vllm" if enabled is None else enabled
 
     @field_validator("engine", mode="after")
     @classmethod
@@ -194,6 +204,10 @@ class RewardSourceConfig(Section):
         "ALIGNFLOW_ALLOWED_REWARD_MODULES; anything else is refused. Called as f(prompt, completion, answer) -> float "
         "(or batched, TRL-style, when the function sets `alignflow_batched`)."
     )
+    sources: list[RewardSourceSpec] | None = Field(
+        None, description="Several reward sources, each with a weight: the score is their weighted sum and each "
+        "one's mean and std are logged (`rewards/<name>/mean`, `/std`). Instead of model_path and function, which "
+        "are read as a one-source list (docs/rewards.md).")
     timeout_seconds: float = Field(
         30.0, gt=0, description="Seconds one reward-function call may take (a batched call: the whole batch); "
         "a call past it fails the run, naming the function and the row."
@@ -201,9 +215,24 @@ class RewardSourceConfig(Section):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> RewardSourceConfig:
-        if (self.model_path is None) == (self.function is None):
-            raise ValueError(f"set exactly one of model_path ({self.model_path!r}) and function ({self.function!r})")
+        given = [key for key in ("model_path", "function", "sources") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of model_path ({self.model_path!r}), function ({self.function!r}) "
+                             f"and sources; found {len(given)}")
         return self
+
+    @field_validator("sources", mode="after")
+    @classmethod
+    def _usable_sources(cls, sources: list[RewardSourceSpec] | None) -> list[RewardSourceSpec] | None:
+        return check_sources(sources) if sources is not None else None
+
+    def resolved_sources(self) -> list[RewardSourceSpec]:
+        """`sources`, or the one source that `function` or `model_path` names (weight 1)."""
+        if self.sources is not None:
+            return list(self.sources)
+        if self.function is not None:
+            return [RewardSourceSpec(kind="function", name=self.function)]
+        return [RewardSourceSpec(kind="model", path=self.model_path)]
 
 
 class AsynchronousConfig(Section):

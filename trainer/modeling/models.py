@@ -178,7 +178,8 @@ def load_value_model(config: ModelConfig, path: str | None = None, key: str = "m
         reads = _plan_or_log(model, directory, key, keep=("head.",))
     if reads is None:
         model = ValueHeadModel(_from_pretrained(AutoModel.from_pretrained, directory, key, **options))
-    head = find_value_head(directory, model.config.hidden_size, key, required=key in REWARD_MODEL_KEYS)
+    is_reward_model = key in REWARD_MODEL_KEYS or key.startswith(("reward.sources.", "--model"))  # a new head: noise
+    head = find_value_head(directory, model.config.hidden_size, key, required=is_reward_model)
     if head is not None:
         model.head.load_state_dict(head)
     else:

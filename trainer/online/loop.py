@@ -46,12 +46,14 @@ from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
+from trainer.online.correction import correct_rollout
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import RolloutEngine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
 from trainer.online.rollout import SAMPLES_KEPT, generate_and_score
 from trainer.parallel.booster import Booster
+from trainer.rewards.weighted import reward_metrics
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
@@ -128,6 +130,9 @@ class PPOTrainer(OLTrainer):
         self.samples = rollout.samples(SAMPLES_KEPT)
         if rollout.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
             self.tracker.log_metrics(rollout.metrics, self.global_step)
+        self.tracker.log_metrics(reward_metrics(self.scorer), self.global_step)  # rewards/<source>/mean, /std
+        if self.config.rollout.is_correcting and rollout.engine_logps is not None:  # the engine's own log-probs
+            return {**rollout.batch, "behaviour_logps": rollout.engine_logps}, rollout.scores
         return rollout.batch, rollout.scores
 
     @torch.no_grad()
@@ -152,14 +157,20 @@ class PPOTrainer(OLTrainer):
             with self.timer.phase("values"):
                 values = response_values(self.critic, batch) * mask
         has_reference = self.ref_model is not None
-        if has_reference or not is_exactly_on_policy(self.config, self.sample_buffer):
+        correcting = self.config.rollout.is_correcting
+        if has_reference or correcting or not is_exactly_on_policy(self.config, self.sample_buffer):
             with self.timer.phase("logps_old"):
                 old_logps = response_logps(self.actor, batch) * mask
+        if correcting and "behaviour_logps" not in batch:  # the hf engine sampled with these very weights
+            batch = {**batch, "behaviour_logps": old_logps}
         if has_reference:
             with self.timer.phase("logps_ref"):
                 ref_logps = response_logps(self.ref_model, batch) * mask
         experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
                                 version=version)
+        if correcting:
+            experience, correction_metrics = correct_rollout(experience, self.config.rollout.correction)
+            self.tracker.log_metrics(correction_metrics, self.global_step)
         return compute_advantages(experience, self.config, self.kl_controller.value)
 
     # -- learn --------------------------------------------------------------------------------------

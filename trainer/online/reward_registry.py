@@ -81,14 +81,15 @@ class RewardAllowList:
             text += "; modules under " + ", ".join(self.module_prefixes)
         return text
 
-    def target_of(self, spec: str) -> str:
-        """The `module:function` that `spec` (a name or an allowed import path) may load; ConfigError if none."""
+    def target_of(self, spec: str, key: str = "reward.function") -> str:
+        """The `module:function` that `spec` (a name or an allowed import path) may load; ConfigError naming
+        the config `key` if none."""
         if spec in self.registered:
             return self.registered[spec]
         if _TARGET.fullmatch(spec) and (spec in self.registered.values() or self._is_allowed_module(spec)):
             return spec
         raise ConfigError(
-            f"reward.function is {spec!r}, which is not an allowed reward function; allowed: {self.describe()} "
+            f"{key} is {spec!r}, which is not an allowed reward function; allowed: {self.describe()} "
             f"(the platform registers more as `{ENTRY_POINT_GROUP}` entry points or in {FUNCTIONS_ENV}, "
             f"and allows module prefixes in {MODULES_ENV})")
 
@@ -126,12 +127,14 @@ def _parse_prefixes(text: str) -> tuple[str, ...]:
     return prefixes
 
 
-def resolve_reward_function(spec: str, allow_list: RewardAllowList | None = None) -> RewardFunction:
+def resolve_reward_function(spec: str, allow_list: RewardAllowList | None = None,
+                            key: str = "reward.function") -> RewardFunction:
     """Check `spec` against the allow-list, then import it.
 
     Args:
         spec: A registered name (`tiny_addition`) or an allowed `module:function`.
         allow_list: Default: `read_reward_allow_list()` (built-ins, entry points, environment).
+        key: The config key `spec` came from, named in errors (`reward.sources.0.name`).
 
     Returns:
         The function and how to call it.
@@ -140,14 +143,14 @@ def resolve_reward_function(spec: str, allow_list: RewardAllowList | None = None
         ConfigError: `spec` is not allowed, cannot be imported, or is not callable.
     """
     allow_list = read_reward_allow_list() if allow_list is None else allow_list
-    target = allow_list.target_of(spec)  # refuse before importing anything
+    target = allow_list.target_of(spec, key)  # refuse before importing anything
     module_name, _, attribute = target.partition(":")
     try:
         function: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             function = getattr(function, part)
     except (ImportError, AttributeError) as err:
-        raise ConfigError(f"reward.function {spec!r}: cannot import {target}: {err}") from err
+        raise ConfigError(f"{key} {spec!r}: cannot import {target}: {err}") from err
     if not callable(function):
-        raise ConfigError(f"reward.function {spec!r}: {target} is not callable")
+        raise ConfigError(f"{key} {spec!r}: {target} is not callable")
     return RewardFunction(spec, target, function, bool(getattr(function, "alignflow_batched", False)))

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from trainer.config import OnlineStageConfig
 from trainer.errors import RewardError
-from trainer.modeling.models import load_frozen, load_value_model
 from trainer.online.reward_registry import RewardAllowList, RewardFunction, resolve_reward_function
 
 if TYPE_CHECKING:
@@ -32,9 +31,10 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
 
-def load_reward_function(spec: str, allow_list: RewardAllowList | None = None) -> RewardFunction:
-    """The allowed reward function named `spec` (see `trainer.online.reward_registry`); ConfigError otherwise."""
-    return resolve_reward_function(spec, allow_list)
+def load_reward_function(spec: str, allow_list: RewardAllowList | None = None,
+                         key: str = "reward.function") -> RewardFunction:
+    """The allowed reward function named `spec` (see `trainer.online.reward_registry`); ConfigError naming `key` otherwise."""
+    return resolve_reward_function(spec, allow_list, key)
 
 
 class FunctionScorer:
@@ -143,13 +143,12 @@ def _last_action_values(values: Tensor, action_mask: Tensor) -> Tensor:
 
 
 def build_scorer(config: OnlineStageConfig, device: torch.device, plugin: Plugin | None = None) -> Any:
-    """The configured reward source: a function by name, or a frozen reward model on `device`.
+    """The configured reward: the weighted sum of `reward.sources` (or of the one source that
+    `reward.function` or `reward.model_path` names), see `trainer.rewards.weighted`.
 
-    With an FSDP2 `plugin` the reward model loads straight into shards (each rank holds 1/world); its
+    With an FSDP2 `plugin` a reward model loads straight into shards (each rank holds 1/world); its
     forward is then a collective, which holds because every rank scores each of its rollouts once.
     """
-    if config.reward.function is not None:
-        return FunctionScorer(load_reward_function(config.reward.function), config.reward.timeout_seconds)
-    reward_model = load_frozen(load_value_model, config.model, device, config.reward.model_path, key="reward.model_path",
-                               plugin=plugin)
-    return RewardModelScorer(reward_model)
+    from trainer.rewards.weighted import build_weighted_scorer
+
+    return build_weighted_scorer(config, device, plugin)
