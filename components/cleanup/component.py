@@ -19,8 +19,8 @@ def cleanup_jobs(run_id: str, launcher_mode: str = "kubernetes") -> int:
     """
     if launcher_mode != "kubernetes":
         return 0
-    from components.launcher import kubernetes
-    from components.launcher.platform import PlatformDefaults
+    from components.launcher.follow import launcher as kubernetes
+    from components.launcher.settings.platform import PlatformDefaults
     from components.launcher.stage_job import current_namespace, run_label
 
     deleted = kubernetes.delete_run_jobs(current_namespace(), run_label(run_id),

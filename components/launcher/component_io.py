@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.images import PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE
-from components.launcher.platform import PlatformDefaults
-from components.launcher.scheduling import scheduling_overrides
+from components.launcher.settings.platform import PlatformDefaults
+from components.launcher.settings.scheduling import scheduling_overrides
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.

@@ -1,7 +1,7 @@
 """What every stage component does: write the stage config, launch its job, read its results.
 
-The job is a PyTorchJob or a TrainJob on Kubernetes (`job_kinds.py` picks the kind), or the
-PyTorchJob manifest run as local processes (`local.py`).
+The job is a PyTorchJob or a TrainJob on Kubernetes (`kinds/choice.py` picks the kind), or the
+PyTorchJob manifest run as local processes (`local/runner.py`).
 
 A component passes its KFP inputs as URIs. The job's checkpoints and logs live under `job_root`
 (keyed by pipeline run and task, so a retried task resumes from its checkpoint), and its final
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
-from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
+from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+from components.launcher.pod.spec import JobSpec, SecretEnv, derive_job_name
+from components.launcher.settings.platform import MLFLOW_SECRET_KEYS, check_allowed
 from components.reports.warnings import warnings_markdown
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
@@ -52,7 +53,7 @@ class ClusterOptions:
     mode: str = "local"
     """`local` (processes on this machine) or `kubernetes` (a PyTorchJob or a TrainJob)."""
     job_kind: str = "auto"
-    """On Kubernetes: `trainjob`, `pytorchjob`, or `auto` (TrainJob where the cluster serves it, see job_kinds.py)."""
+    """On Kubernetes: `trainjob`, `pytorchjob`, or `auto` (TrainJob where the cluster serves it, see kinds/choice.py)."""
     trainer_runtime: str = "torch-distributed"
     """The TrainingRuntime or ClusterTrainingRuntime a TrainJob references (the chart's own by default)."""
     image: str = "alignflow-trainer:latest"
@@ -93,7 +94,7 @@ class ClusterOptions:
     env: dict[str, str] = field(default_factory=dict)
     """Plain environment of the job (never credentials)."""
     allowed_images: list[str] | None = None
-    """Trainer images or prefixes the platform allows (see platform.py); None: any."""
+    """Trainer images or prefixes the platform allows (see settings/platform.py); None: any."""
     allowed_secrets: list[str] | None = None
     """S3 Secrets the platform allows; None: any."""
     timeout_seconds: float = 86400.0
@@ -178,14 +179,14 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
     spec = stage_spec(stage, config_uri, run_id, task, cluster, config=config)
     storage = get_storage(job_root)
     if cluster.mode == "local":
-        from components.launcher.local import run_local
+        from components.launcher.local.runner import run_local
 
         manifest = build_pytorchjob(spec)
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         run_local(manifest, timeout=cluster.timeout_seconds, log=print)
     else:
-        from components.launcher.job_kinds import choose_job_kind
-        from components.launcher.kubernetes import KubernetesLauncher, load_api_client
+        from components.launcher.follow.launcher import KubernetesLauncher, load_api_client
+        from components.launcher.kinds.choice import choose_job_kind
 
         api_client = load_api_client()
         kind = choose_job_kind(api_client, spec.namespace, cluster.job_kind, cluster.trainer_runtime)

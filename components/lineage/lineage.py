@@ -136,8 +136,8 @@ def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
     `cleanup_jobs` does; `local` mode has none (the local launcher stops its processes itself)."""
     if launcher_mode != "kubernetes":
         return []
-    from components.launcher import kubernetes
-    from components.launcher.platform import PlatformDefaults
+    from components.launcher.follow import launcher as kubernetes
+    from components.launcher.settings.platform import PlatformDefaults
     from components.launcher.stage_job import current_namespace, run_label
 
     deleted = kubernetes.delete_run_jobs(current_namespace(), run_label(kfp_run_id),

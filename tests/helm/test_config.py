@@ -111,7 +111,7 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
 
 
 def test_scheduling_values_become_the_keys_the_launcher_reads():
-    """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/test_scheduling.py)."""
+    """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/settings/test_scheduling.py)."""
     from components.launcher.component_io import cluster_options
     from components.launcher.stage_job import stage_manifest
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from components.launcher.component_io import default_job_root, stage_config
-from components.launcher.manifest import STAGES
+from components.launcher.pod.spec import STAGES
 from components.launcher.stage_job import ClusterOptions, stage_manifest
 from tests.components.launcher.crd import pytorchjob_validator
 

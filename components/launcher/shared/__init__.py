@@ -1,0 +1,1 @@
+"""Pieces the launcher's rooms (and the `alignflow` CLI) share: retrying transient API failures (`retry.py`)."""
