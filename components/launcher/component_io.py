@@ -9,7 +9,8 @@ from typing import Any
 from components.images import PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE
 from components.launcher.settings.platform import PlatformDefaults
 from components.launcher.settings.scheduling import scheduling_overrides
-from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
+from components.launcher.stage_job import ClusterOptions, run_stage_job
+from components.reports.stage import stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
 
@@ -60,13 +61,15 @@ def _is_given(value: Any) -> bool:
     return value is not None and value != "" and value != {} and value != []
 
 
-def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = None) -> ClusterOptions:
+def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = None, *,
+                    config: Mapping[str, Any] | None = None) -> ClusterOptions:
     """Where the stage's job runs: the component's parameters over the platform's defaults.
 
     Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
-    components' published default, leaves the platform's value. A job that samples with vLLM
-    (`uses_vllm`) runs the trainer image's vLLM variant in its place (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like a
+    components' published default, leaves the platform's value. A job whose stage config (`config`,
+    resolved once by the caller) samples with vLLM runs the trainer image's vLLM variant in its place
+    (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like a
     `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
     component can expose any of them, and last the run's `scheduling` parameter (a JSON object of
     such fields, see `scheduling.py`). Raises LaunchError naming the ConfigMap key or the
@@ -75,7 +78,7 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     platform = PlatformDefaults.from_environment(environ)
     gpus = params["gpus_per_node"]
     image = params.get("trainer_image")
-    if uses_vllm(params):  # the image's vLLM variant: the platform's, else the published one
+    if uses_vllm(config or {}):  # the image's vLLM variant: the platform's, else the published one
         if not _is_given(image) or image in (PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE):
             image = platform.trainer_vllm_image or PUBLISHED_TRAINER_VLLM_IMAGE
     elif not _is_given(image) or (image == PUBLISHED_TRAINER_IMAGE and platform.trainer_image):
@@ -99,11 +102,11 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     return ClusterOptions(**options)
 
 
-def uses_vllm(params: dict[str, Any]) -> bool:
-    """Whether the job samples with vLLM (`rollout_engine`, or `rollout.engine` in its `settings`), so it needs
-    the trainer image's vLLM variant."""
-    engine = (params.get("settings") or {}).get("rollout.engine") or params.get("rollout_engine")
-    return engine == "vllm"
+def uses_vllm(config: Mapping[str, Any]) -> bool:
+    """Whether a stage config samples with vLLM (its `rollout.engine`), so its job needs the trainer image's vLLM
+    variant. Read from the resolved config only: `settings` may set the engine as a dotted key or inside a
+    nested `rollout` section, and either way the config is what the trainer runs."""
+    return (config.get("rollout") or {}).get("engine") == "vllm"
 
 
 def default_job_root(model_uri: str, run_id: str, stage: str) -> str:
@@ -125,7 +128,7 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
     model, metrics, report = params["model"], params["metrics"], params["report"]
     job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
-    cluster = cluster_options(params)
+    cluster = cluster_options(params, config=config)
     if params.get("parent_run_id"):  # the pipeline's MLflow run (components/lineage): the stage's run nests under it
         cluster.env = {**cluster.env, "ALIGNFLOW_PARENT_RUN_ID": params["parent_run_id"]}
     final = run_stage_job(stage, config, model_uri=model.uri, job_root=job_root, run_id=params["run_id"],

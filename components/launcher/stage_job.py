@@ -21,10 +21,8 @@ import yaml
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import JobSpec, SecretEnv, derive_job_name
 from components.launcher.settings.platform import MLFLOW_SECRET_KEYS, check_allowed
-from components.reports.warnings import warnings_markdown
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
-from trainer.tracking.history import parse_records
 
 logger = logging.getLogger(__name__)
 
@@ -156,12 +154,6 @@ def stage_spec(stage: str, config_uri: str, run_id: str, task: str, cluster: Clu
                    labels={"alignflow/run": run_label(run_id)})
 
 
-def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
-                   config: dict | None = None) -> dict:
-    """The PyTorchJob manifest of a stage (what local mode runs, and the PyTorchJob kind creates)."""
-    return build_pytorchjob(stage_spec(stage, config_uri, run_id, task, cluster, config=config))
-
-
 def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: str, run_id: str, task: str,
                   cluster: ClusterOptions) -> dict[str, float]:
     """Launch `python -m trainer <stage>` as a job and return its final metrics.
@@ -196,52 +188,3 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         launcher.run(request, timeout=cluster.timeout_seconds)
     return json.loads(storage.read_bytes(join_uri(job_root, "final_metrics.json")))
-
-
-def sparkline(values: list[float]) -> str:
-    """A one-line plot of a curve, for Markdown reports."""
-    if not values:
-        return ""
-    bars = "▁▂▃▄▅▆▇█"
-    low, high = min(values), max(values)
-    span = (high - low) or 1.0
-    step = max(1, len(values) // 60)
-    return "".join(bars[int((v - low) / span * (len(bars) - 1))] for v in values[::step])
-
-
-def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: str) -> str:
-    """Markdown for the KFP UI: final metrics, curves of the logged metrics, the resolved config."""
-    storage = get_storage(job_root)
-    history_uri = join_uri(job_root, "metrics.jsonl")
-    # A line a kill cut short (or a blank one) is left out, as everywhere the history is read: the report of a
-    # finished stage must not fail on it.
-    history = parse_records(storage.read_bytes(history_uri).decode(errors="replace")) \
-        if storage.exists(history_uri) else []
-    lines = [f"# {stage}", *warnings_markdown(metrics), "", "| metric | value |", "|---|---|"]
-    lines += [f"| {key} | {value:.4g} |" for key, value in sorted(metrics.items()) if isinstance(value, (int, float))]
-    curves = ["loss", "episode/reward_mean", "episode/kl_to_ref", "eval/loss", "eval/accuracy"]
-    lines += ["", "## Curves", ""]
-    for key in curves:
-        values = [row[key] for row in history if key in row]
-        if len(values) > 1:
-            lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
-    samples_uri = join_uri(job_root, "samples.jsonl")
-    if storage.exists(samples_uri):
-        samples = parse_records(storage.read_bytes(samples_uri).decode(errors="replace"))
-        lines += ["", "## Sample generations (last episode)", "", "| prompt | response | score |", "|---|---|---|"]
-        lines += [f"| {_cell(s['prompt'])} | {_cell(s['response'])} | {s['score']:.3g} |" for s in samples]
-    run_uri = join_uri(job_root, "mlflow_run.json")
-    if storage.exists(run_uri):
-        run = json.loads(storage.read_bytes(run_uri))
-        from components.reports.links import stage_run_link  # ALIGNFLOW_MLFLOW_EXTERNAL_URL when set
-
-        link = stage_run_link(run)
-        where = f"[{run['run_id']}]({link})" if link else f"`{run['run_id']}` in `{run['tracking_uri']}`"
-        lines += ["", f"MLflow run: {where}"]
-    lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")[:200]

@@ -113,7 +113,8 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
 def test_scheduling_values_become_the_keys_the_launcher_reads():
     """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/settings/test_scheduling.py)."""
     from components.launcher.component_io import cluster_options
-    from components.launcher.stage_job import stage_manifest
+    from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+    from components.launcher.stage_job import stage_spec
 
     data = config({"s3": {"retrySeconds": 60},
                    "scheduling": {"affinity": AFFINITY, "shmSize": "16Gi", "activeDeadlineSeconds": 172800,
@@ -127,7 +128,7 @@ def test_scheduling_values_become_the_keys_the_launcher_reads():
         "8", "16", "64Gi", "96Gi", "16Gi", "172800", "600", "60"]
     cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1,
                                "gpus_per_node": 1, "s3_secret": ""}, data)
-    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    job = build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["affinity"] == AFFINITY and pod["containers"][0]["resources"]["limits"]["memory"] == "96Gi"
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 172800 and cluster.pending_timeout_seconds == 600

@@ -140,7 +140,7 @@ class KubernetesLauncher:
         what = f"{self.kind.kind} {namespace}/{name}"
         deadline = time.monotonic() + timeout
         follower = self.kind.follower(namespace, name, self.retry)
-        monitor = PodMonitor(self.core, namespace, name, self.pending_timeout_seconds,
+        monitor = PodMonitor(self.core, namespace, self.pending_timeout_seconds,
                              selector=self.kind.pod_selector(name), what=what)
         logs = LogFollower(self.core, namespace, container=self.kind.container)
         phase = None

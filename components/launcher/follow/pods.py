@@ -97,17 +97,14 @@ class PodMonitor:
     Args:
         core: A `kubernetes.client.CoreV1Api`.
         namespace: The job's namespace.
-        job_name: The job's name.
         pending_timeout: Seconds a pod may stay stuck Pending.
         selector: The label selector of the job's pods (the job kind's).
         what: How messages name the job (`PyTorchJob ns/name`).
     """
 
-    def __init__(self, core, namespace: str, job_name: str, pending_timeout: float, *, selector: str,
-                 what: str) -> None:
+    def __init__(self, core, namespace: str, pending_timeout: float, *, selector: str, what: str) -> None:
         self.core = core
         self.namespace = namespace
-        self.job_name = job_name
         self.pending_timeout = pending_timeout
         self.selector = selector
         self.what = what

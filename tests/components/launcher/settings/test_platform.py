@@ -8,9 +8,10 @@ import re
 import pytest
 
 from components.launcher.component_io import cluster_options
+from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import STAGES
 from components.launcher.settings.platform import PlatformDefaults, check_allowed, is_image_allowed, strip_credentials
-from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_manifest
+from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_spec
 from tests.components.launcher.crd import pytorchjob_validator
 from trainer.errors import LaunchError
 
@@ -46,7 +47,7 @@ def test_platform_defaults_come_from_the_pod_environment():
         "nvidia.com/mig-3g.40gb", "training", "team-ml", "alignflow-trainer")
     assert cluster.env == {"MLFLOW_TRACKING_URI": "http://mlflow.alignflow:5000",
                            "AWS_ENDPOINT_URL": "http://minio.kubeflow:9000", "AWS_DEFAULT_REGION": "eu-west-1"}
-    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    job = build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     pytorchjob_validator().validate(job)
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["priorityClassName"] == "training" and pod["serviceAccountName"] == "alignflow-trainer"
@@ -72,12 +73,12 @@ def test_the_published_default_image_yields_to_the_platforms_image():
 
 def test_a_stage_sampling_with_vllm_runs_the_trainer_images_vllm_variant():
     platform = {**PLATFORM, "ALIGNFLOW_TRAINER_VLLM_IMAGE": "registry.corp/ml/alignflow-trainer:2.1-vllm"}
-    for given in ({"rollout_engine": "vllm"}, {"settings": {"rollout.engine": "vllm"}},
-                  {"rollout_engine": "vllm", "trainer_image": "ghcr.io/alignflow/trainer:latest"}):
-        assert cluster_options(params(**given), platform).image == "registry.corp/ml/alignflow-trainer:2.1-vllm"
-    assert cluster_options(params(rollout_engine="vllm"), {}).image == "ghcr.io/alignflow/trainer:latest-vllm"
-    assert cluster_options(params(rollout_engine="hf"), platform).image == "registry.corp/ml/alignflow-trainer:2.1"
-    chosen = cluster_options(params(rollout_engine="vllm", trainer_image="registry.corp/ml/own:1"), platform)
+    vllm, hf = {"rollout": {"engine": "vllm"}}, {"rollout": {"engine": "hf"}}  # the stage's resolved config
+    for given in ({}, {"trainer_image": "ghcr.io/alignflow/trainer:latest"}):
+        assert cluster_options(params(**given), platform, config=vllm).image == "registry.corp/ml/alignflow-trainer:2.1-vllm"
+    assert cluster_options(params(), {}, config=vllm).image == "ghcr.io/alignflow/trainer:latest-vllm"
+    assert cluster_options(params(), platform, config=hf).image == "registry.corp/ml/alignflow-trainer:2.1"
+    chosen = cluster_options(params(trainer_image="registry.corp/ml/own:1"), platform, config=vllm)
     assert chosen.image == "registry.corp/ml/own:1"  # a run's own image wins (the allow-list still applies)
 
 
@@ -152,7 +153,7 @@ def test_no_rendered_manifest_contains_the_tracking_password(num_nodes):
                "ALIGNFLOW_MLFLOW_SECRET": "mlflow-credentials"}
     cluster = cluster_options(params(num_nodes=num_nodes), environ)
     for stage in STAGES:
-        job = stage_manifest(stage, f"s3://b/{stage}.yaml", "run-1", stage, cluster)
+        job = build_pytorchjob(stage_spec(stage, f"s3://b/{stage}.yaml", "run-1", stage, cluster))
         text = json.dumps(job)
         assert PASSWORD not in text and "alice" not in text
         (replica,) = job["spec"]["pytorchReplicaSpecs"].values()
@@ -172,7 +173,7 @@ def test_a_tracking_password_without_a_secret_to_carry_it_is_refused_without_ech
 def test_a_hand_built_cluster_option_cannot_smuggle_a_password_either():
     cluster = ClusterOptions(mode="kubernetes", namespace="ml", env={"MLFLOW_TRACKING_URI": f"http://a:{PASSWORD}@m"})
     with pytest.raises(LaunchError, match="is a URL with a password") as err:
-        stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+        build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     assert PASSWORD not in str(err.value)
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from components.launcher.component_io import cluster_options
-from components.launcher.stage_job import stage_manifest
+from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+from components.launcher.stage_job import stage_spec
 from tests.components.launcher.crd import pytorchjob_validator
 from trainer.errors import LaunchError
 
@@ -38,7 +39,7 @@ def pod_of(job: dict) -> dict:
 def test_configmap_scheduling_values_reach_the_pytorchjob_manifest():
     cluster = cluster_options(params(), PLATFORM)
     assert cluster.pending_timeout_seconds == 600
-    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    job = build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     pytorchjob_validator().validate(job)
     pod = pod_of(job)
     assert pod["affinity"] == AFFINITY
@@ -54,7 +55,7 @@ def test_the_runs_scheduling_parameter_wins_over_the_configmap():
     overrides = {"cpu_request": "4", "memory_limit": "128Gi", "active_deadline_seconds": 3600,
                  "pending_timeout_seconds": 30, "tolerations": [{"key": "spot", "operator": "Exists"}]}
     cluster = cluster_options(params(scheduling=overrides), PLATFORM)
-    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    job = build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     pytorchjob_validator().validate(job)
     resources = pod_of(job)["containers"][0]["resources"]
     assert (resources["requests"]["cpu"], resources["limits"]["memory"]) == ("4", "128Gi")
