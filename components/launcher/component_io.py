@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.images import PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE
+from components.launcher.settings.options import COMPONENT, RUN, options_set_by
 from components.launcher.settings.platform import PlatformDefaults
 from components.launcher.settings.scheduling import scheduling_overrides
 from components.launcher.stage_job import ClusterOptions, run_stage_job
@@ -69,10 +70,10 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
     components' published default, leaves the platform's value. A job whose stage config (`config`,
     resolved once by the caller) samples with vLLM runs the trainer image's vLLM variant in its place
-    (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like a
-    `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
-    component can expose any of them, and last the run's `scheduling` parameter (a JSON object of
-    such fields, see `scheduling.py`). Raises LaunchError naming the ConfigMap key or the
+    (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like an option a
+    component or a run may set (settings/options.py: `node_selector`, `pending_timeout_seconds`, ...)
+    are taken too, so a component can expose any of them, and last the run's `scheduling` parameter
+    (a JSON object of the options a run may set, see settings/scheduling.py). Raises LaunchError naming the ConfigMap key or the
     `scheduling.<key>` that holds a bad value.
     """
     platform = PlatformDefaults.from_environment(environ)
@@ -88,16 +89,10 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
         "nproc_per_node": max(gpus, 1), "gpus_per_node": gpus, "env": platform.job_env,
         "allowed_images": platform.allowed_images, "allowed_secrets": platform.allowed_secrets,
     }
-    for name in ("s3_secret", "mlflow_secret", "node_selector", "tolerations", "gpu_resource", "priority_class",
-                 "kueue_queue", "service_account", "job_kind", "trainer_runtime"):
-        if _is_given(getattr(platform, name)):
-            options[name] = getattr(platform, name)
-    options.update(platform.scheduling)  # affinity, cpu/memory, shm, deadline, pending limit (ConfigMap)
-    # Policy stays the platform's: allow-lists, the MLflow Secret, the namespace (the component's own), the job kind.
-    overridable = set(ClusterOptions.__dataclass_fields__) - {"mode", "image", "env", "allowed_images",
-                                                              "allowed_secrets", "mlflow_secret", "namespace",
-                                                              "job_kind", "trainer_runtime"}
-    options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
+    options.update(platform.options)  # every option the platform's ConfigMap sets
+    # Policy stays the platform's (`set_by=PLATFORM`): the MLflow Secret, the namespace (the component's own), the
+    # job kind; the allow-lists are no options at all.
+    options.update({name: params[name] for name in options_set_by(RUN, COMPONENT) if _is_given(params.get(name))})
     options.update(scheduling_overrides(params.get("scheduling")))  # the run's `scheduling` parameter wins
     return ClusterOptions(**options)
 

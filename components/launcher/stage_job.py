@@ -14,29 +14,18 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 import yaml
 
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import JobSpec, SecretEnv, derive_job_name
+from components.launcher.settings.options import POD_OPTIONS, cluster_fields
 from components.launcher.settings.platform import MLFLOW_SECRET_KEYS, check_allowed
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
 
 logger = logging.getLogger(__name__)
-
-
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def current_namespace() -> str:
-    """The namespace this pod runs in (where KFP runs the component), else `default`."""
-    try:
-        with open(SERVICE_ACCOUNT_NAMESPACE) as handle:
-            return handle.read().strip() or "default"
-    except OSError:
-        return "default"
 
 
 def run_label(run_id: str) -> str:
@@ -45,66 +34,25 @@ def run_label(run_id: str) -> str:
 
 
 @dataclass(kw_only=True, slots=True)
-class ClusterOptions:
-    """Where and how a stage's job runs. Fields named like JobSpec's pass straight to the manifest."""
+class LaunchFields:
+    """How a stage's job is launched besides the pod options (`settings/options.py`); `ClusterOptions` adds those."""
 
     mode: str = "local"
     """`local` (processes on this machine) or `kubernetes` (a PyTorchJob or a TrainJob)."""
-    job_kind: str = "auto"
-    """On Kubernetes: `trainjob`, `pytorchjob`, or `auto` (TrainJob where the cluster serves it, see kinds/choice.py)."""
-    trainer_runtime: str = "torch-distributed"
-    """The TrainingRuntime or ClusterTrainingRuntime a TrainJob references (the chart's own by default)."""
     image: str = "alignflow-trainer:latest"
-    namespace: str = field(default_factory=current_namespace)
-    num_nodes: int = 1
-    """Pods; more than one runs an elastic PyTorchJob of Worker replicas (c10d rendezvous), or a TrainJob of that
-    many nodes (static rendezvous on node 0)."""
-    nproc_per_node: int = 1
-    gpus_per_node: int = 0
-    gpu_resource: str = "nvidia.com/gpu"
-    """The extended resource that counts GPUs."""
-    cpu_request: str | None = None
-    cpu_limit: str | None = None
-    memory_request: str | None = None
-    memory_limit: str | None = None
-    shm_size: str = "2Gi"
-    """Size of the in-memory /dev/shm of each pod."""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict] = field(default_factory=list)
-    affinity: dict = field(default_factory=dict)
-    service_account: str | None = None
-    priority_class: str | None = None
-    kueue_queue: str | None = None
-    """Kueue LocalQueue (the job's `kueue.x-k8s.io/queue-name` label); None: not queued by Kueue."""
-    active_deadline_seconds: int | None = None
-    """The operator stops the job after this long (`runPolicy.activeDeadlineSeconds`)."""
-    termination_grace_period_seconds: int = 30
-    """The least `terminationGracePeriodSeconds` of the pods: a stage whose `checkpoint.preemption_grace_seconds`
-    needs more gets that plus a margin (see `termination_grace_seconds`)."""
-    max_restarts: int = 3
-    """Elastic jobs: worker-group restarts torchrun allows (a restarted pod rejoining counts once)."""
-    run_as_user: int = 1000
-    run_as_group: int = 1000
-    s3_secret: str = ""
-    """Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty: none."""
-    mlflow_secret: str = ""
-    """Secret with MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN (each optional); empty: none."""
     env: dict[str, str] = field(default_factory=dict)
     """Plain environment of the job (never credentials)."""
     allowed_images: list[str] | None = None
     """Trainer images or prefixes the platform allows (see settings/platform.py); None: any."""
     allowed_secrets: list[str] | None = None
     """S3 Secrets the platform allows; None: any."""
-    timeout_seconds: float = 86400.0
-    """The launcher's own deadline for the whole job."""
-    pending_timeout_seconds: float = 900.0
-    """How long a pod may stay Pending for a reported reason (unschedulable, image pull) before the task fails."""
-    poll_seconds: float = 10.0
-    """How often the launcher looks at the job's pods, their events and the trainer's log."""
-    # Pod restarts inside the job; KFP's own task retries (pipelines/options.py) come on top. The operator fails
-    # the job once the running pods' restart count reaches backoffLimit, so 2 lets one restarted container (a
-    # worker of an elastic job rejoining) finish the job; 1 would fail it at its first restart.
-    backoff_limit: int = 2
+
+
+# Where and how a stage's job runs: `LaunchFields` and every pod option (settings/options.py). The options that
+# the job's spec carries pass straight to it (`stage_spec`).
+ClusterOptions = make_dataclass("ClusterOptions", cluster_fields(), bases=(LaunchFields,), kw_only=True, slots=True,
+                                namespace={"__module__": __name__, "__doc__": "Where and how a stage's job runs: "
+                                           "`LaunchFields` and the pod options (settings/options.py)."})
 
 
 def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:
@@ -146,10 +94,9 @@ def termination_grace_seconds(config: dict, cluster: ClusterOptions) -> int:
 def stage_spec(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
                config: dict | None = None) -> JobSpec:
     """What decides a stage's job, whatever its kind; `config` (the stage config) sets the pods' grace period."""
-    shared = {name: getattr(cluster, name) for name in JobSpec.__dataclass_fields__ if hasattr(cluster, name)}
-    shared.pop("env")
+    shared = {option.name: getattr(cluster, option.name) for option in POD_OPTIONS if option.in_job_spec}
     shared["termination_grace_period_seconds"] = termination_grace_seconds(config or {}, cluster)
-    return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
+    return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri, image=cluster.image,
                    secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
 

@@ -137,8 +137,9 @@ def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
     if launcher_mode != "kubernetes":
         return []
     from components.launcher.follow.launcher import delete_run_jobs as delete_jobs
+    from components.launcher.settings.options import current_namespace
     from components.launcher.settings.platform import PlatformDefaults
-    from components.launcher.stage_job import current_namespace, run_label
+    from components.launcher.stage_job import run_label
 
     deleted = delete_jobs(current_namespace(), run_label(kfp_run_id), PlatformDefaults.from_environment().job_kind)
     logger.info("deleted %d job(s): %s", len(deleted), ", ".join(deleted) or "-")

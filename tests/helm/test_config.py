@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -168,9 +167,8 @@ def test_keys_are_environment_variable_names_the_jobs_load():
 def test_every_key_the_pipelines_map_into_component_pods_exists():
     """pipelines/options.py maps DEFAULTS_KEYS into each component pod with configMapKeyRefs, which are not
     optional: a key missing here would stop every component pod from starting."""
-    tree = ast.parse((Path(__file__).parents[2] / "pipelines" / "options.py").read_text())
-    [keys] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-              and any(isinstance(t, ast.Name) and t.id == "DEFAULTS_KEYS" for t in node.targets)]
+    from pipelines.options import DEFAULTS_KEYS as keys
+
     data = config({})
     assert set(keys) <= set(data), set(keys) - set(data)
     assert data["ALIGNFLOW_DEFAULTS_CONFIGMAP"] == one(render({}), "ConfigMap")["metadata"]["name"]

@@ -23,20 +23,12 @@ from typing import Any
 from components.launcher.kinds.interface import JobKind
 from components.launcher.kinds.pytorchjob import api as pytorchjob_api
 from components.launcher.kinds.trainjob import api as trainjob_api
+from components.launcher.settings.scheduling import check_job_kind
 from components.launcher.shared.retry import RetryPolicy, describe
 from trainer.errors import LaunchError
 
 logger = logging.getLogger(__name__)
 
-JOB_KIND_SETTINGS = ("auto", "trainjob", "pytorchjob")
-
-
-def check_job_kind(setting: str, where: str = "ALIGNFLOW_JOB_KIND (ConfigMap key)") -> str:
-    """`setting` lower-cased if it is a job kind setting; LaunchError naming `where` otherwise."""
-    value = (setting or "auto").strip().lower()
-    if value not in JOB_KIND_SETTINGS:
-        raise LaunchError(f"{where} is {setting!r}, expected one of {', '.join(JOB_KIND_SETTINGS)}")
-    return value
 
 
 def api_text(api: tuple[str, str, str]) -> str:

@@ -9,9 +9,9 @@ collected and reported at once, naming the field.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
+from components.launcher.shared.quantities import quantity_value
 from trainer.errors import LaunchError
 
 if TYPE_CHECKING:
@@ -21,31 +21,12 @@ RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-           "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
-           "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20,
-           "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60}
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # A URL whose user-info carries a password: `scheme://user:password@host`.
 _URL_WITH_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
-
-
-def quantity_value(text: str) -> Decimal | None:
-    """The number a Kubernetes quantity stands for (`500m` -> 0.5, `1Gi` -> 1073741824); None if invalid."""
-    match = _QUANTITY.match(str(text))
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(3) or ""
-    try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number + suffix)
-        return Decimal(number) * _SUFFIX[suffix]
-    except (InvalidOperation, KeyError):
-        return None
 
 
 def _check_names(spec: JobSpec, stages: tuple[str, ...], problems: list[str]) -> None:

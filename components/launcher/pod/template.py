@@ -1,4 +1,8 @@
-"""The pod every replica of a stage's PyTorchJob runs: container, resources, placement, security.
+"""The pod every replica of a stage's job runs: container, command, resources, placement, security, /dev/shm.
+
+The PyTorchJob's pod template is built here whole; the TrainJob's pods (`kinds/trainjob/request.py`)
+get the same pieces (`stage_command`, `shm_volume`, `pod_labels`, `pass_through_fields`, the security
+contexts) through the Kubeflow SDK.
 
 Security: every pod meets the Pod Security Standards' "restricted" profile, so the job runs in a
 namespace labelled `pod-security.kubernetes.io/enforce: restricted`:
@@ -23,7 +27,10 @@ in `kinds/pytorchjob/manifest.py`, and the checks of a spec's values are in `che
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from components.launcher.settings.options import pod_fields
 
 if TYPE_CHECKING:
     from components.launcher.pod.spec import JobSpec
@@ -34,6 +41,7 @@ CONTAINER_NAME = "pytorch"  # the Training Operator finds the training container
 RENDEZVOUS_PORT = {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
 # torchrun, run by `trainer.launch` so a preempted job exits 143 (retryable), not torchrun's 1.
 LAUNCH_COMMAND = ("python", "-m", "trainer.launch")
+SHM_VOLUME = "dshm"
 
 
 def security_contexts(spec: JobSpec) -> tuple[dict, dict]:
@@ -72,17 +80,43 @@ def environment(spec: JobSpec) -> list[dict]:
     return env
 
 
+def stage_command(spec: JobSpec, launch_options: tuple[str, ...] = ()) -> list[str]:
+    """`python -m trainer.launch [launch_options] -m trainer <stage> --config <uri> [extra args]`."""
+    return [*LAUNCH_COMMAND, *launch_options, "-m", "trainer", spec.stage, "--config", spec.config_uri,
+            *spec.extra_args]
+
+
+def shm_volume(spec: JobSpec) -> dict:
+    """The in-memory /dev/shm volume: DataLoader workers and NCCL use shared memory, and the container
+    default (64Mi) is too small."""
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+
+
+def shm_mount() -> dict:
+    return {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
+def pod_labels(spec: JobSpec) -> dict[str, str]:
+    """The pods' labels: the app's name and the spec's own (the run)."""
+    return {"app.kubernetes.io/name": "alignflow", **spec.labels}
+
+
+def pass_through_fields(spec: JobSpec, skip: Collection[str] = ()) -> dict[str, Any]:
+    """The pod spec fields the options pass through unchanged (`PodOption.pod_field`) that are set, except `skip`."""
+    return pod_fields(spec, skip=lambda field: field in skip)
+
+
 def container(spec: JobSpec) -> dict:
     _, security = security_contexts(spec)
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "command": [*LAUNCH_COMMAND, "-m", "trainer", spec.stage, "--config", spec.config_uri, *spec.extra_args],
+        "command": stage_command(spec),
         "env": environment(spec),
         "ports": [dict(RENDEZVOUS_PORT)],
         "resources": resources(spec),
         "securityContext": security,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [shm_mount()],
     }
 
 
@@ -93,15 +127,11 @@ def pod_template(spec: JobSpec, extra_env: list[dict] | None = None) -> dict:
     main["env"] += extra_env or []
     pod = {
         "containers": [main],
-        # DataLoader workers and NCCL use shared memory; the container default (64Mi) is too small.
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
+        "volumes": [shm_volume(spec)],
         "securityContext": pod_security,
         "automountServiceAccountToken": False,
         # The trainer saves a checkpoint when it receives SIGTERM; this is how long it gets.
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
     }
-    optional = {"nodeSelector": dict(spec.node_selector), "tolerations": [dict(t) for t in spec.tolerations],
-                "affinity": dict(spec.affinity), "serviceAccountName": spec.service_account,
-                "priorityClassName": spec.priority_class}
-    pod.update({key: value for key, value in optional.items() if value})
-    return {"metadata": {"labels": {"app.kubernetes.io/name": "alignflow", **spec.labels}}, "spec": pod}
+    pod.update(pass_through_fields(spec))  # placement, account, priority (settings/options.py)
+    return {"metadata": {"labels": pod_labels(spec)}, "spec": pod}

@@ -1,35 +1,20 @@
 """The platform's defaults and policy, read once from the component pod's environment.
 
-The chart's defaults ConfigMap provides these variables to the component's pod; each is optional:
+The chart's defaults ConfigMap provides these variables to the component's pod; each is optional.
+The pod options' variables (`ALIGNFLOW_NODE_SELECTOR`, `ALIGNFLOW_CPU_REQUEST`, `ALIGNFLOW_JOB_KIND`,
+`ALIGNFLOW_S3_SECRET`, ...) are declared with their options in `options.py` and checked in
+`scheduling.py` (a bad value is an error naming the variable, which is also the ConfigMap key). The
+others:
 
 | variable | meaning |
 |---|---|
 | `ALIGNFLOW_TRAINER_IMAGE` | trainer image when the component is not given one |
 | `ALIGNFLOW_TRAINER_VLLM_IMAGE` | the same for a stage whose `rollout.engine` is `vllm` (the image's vLLM variant) |
-| `ALIGNFLOW_JOB_KIND` | `trainjob`, `pytorchjob` or `auto` (default): the kind of the training jobs (kinds/choice.py) |
-| `ALIGNFLOW_TRAINER_RUNTIME` | the TrainingRuntime / ClusterTrainingRuntime TrainJobs reference (default `torch-distributed`) |
-| `ALIGNFLOW_S3_SECRET` | Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when the component names none |
 | `AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION` | passed to the job as plain environment |
 | `MLFLOW_TRACKING_URI` | passed to the job without any `user:password@` it carries |
-| `ALIGNFLOW_MLFLOW_SECRET` | Secret with MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN (each optional) |
-| `ALIGNFLOW_NODE_SELECTOR` | JSON object: the pods' nodeSelector |
-| `ALIGNFLOW_TOLERATIONS` | JSON list: the pods' tolerations |
-| `ALIGNFLOW_GPU_RESOURCE` | the GPU extended resource (default `nvidia.com/gpu`) |
-| `ALIGNFLOW_PRIORITY_CLASS` | the pods' PriorityClass |
-| `ALIGNFLOW_KUEUE_QUEUE` | the Kueue LocalQueue (label `kueue.x-k8s.io/queue-name` on the job) |
-| `ALIGNFLOW_SERVICE_ACCOUNT` | the pods' ServiceAccount |
-| `ALIGNFLOW_AFFINITY` | JSON object: the pods' core/v1 Affinity |
-| `ALIGNFLOW_CPU_REQUEST`, `_CPU_LIMIT`, `_MEMORY_REQUEST`, `_MEMORY_LIMIT` | each training pod's CPU and memory (quantities) |
-| `ALIGNFLOW_SHM_SIZE` | size of each pod's in-memory /dev/shm |
-| `ALIGNFLOW_ACTIVE_DEADLINE_SECONDS` | the job's `runPolicy.activeDeadlineSeconds` (empty or 0: none) |
-| `ALIGNFLOW_PENDING_TIMEOUT_SECONDS` | how long a pod may stay stuck Pending before the task fails |
-| `ALIGNFLOW_POLL_SECONDS` | how often the launcher looks at a running job's pods, events and log (default 10) |
 | `ALIGNFLOW_S3_RETRY_SECONDS` | how long S3 calls ride out an outage; passed on to the job |
 | `ALIGNFLOW_ALLOWED_IMAGES` | comma-separated trainer images or registry/repository prefixes a job may run |
 | `ALIGNFLOW_ALLOWED_SECRETS` | comma-separated Secret names a job may read S3 credentials from |
-
-The scheduling variables (affinity to the poll interval) are checked in `scheduling.py`; a bad value
-is an error naming the variable, which is also the ConfigMap key.
 
 Allow-lists (checked before any job is created, in both launcher modes):
 
@@ -55,8 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.launcher.kinds.choice import check_job_kind
-from components.launcher.settings.scheduling import check_value, scheduling_from_environment
+from components.launcher.settings.scheduling import options_from_environment
 from trainer.errors import LaunchError
 
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
@@ -71,55 +55,40 @@ class PlatformDefaults:
 
     trainer_image: str = ""
     trainer_vllm_image: str = ""
-    job_kind: str = "auto"
-    trainer_runtime: str = ""
-    s3_secret: str = ""
-    mlflow_secret: str = ""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict] = field(default_factory=list)
-    gpu_resource: str = ""
-    priority_class: str = ""
-    kueue_queue: str = ""
-    service_account: str = ""
     allowed_images: list[str] | None = None
     """None allows any image."""
     allowed_secrets: list[str] | None = None
     """None allows any Secret."""
     job_env: dict[str, str] = field(default_factory=dict)
     """Plain environment for the job, free of credentials."""
-    scheduling: dict[str, Any] = field(default_factory=dict)
-    """ClusterOptions fields set by the scheduling variables (`scheduling.PLATFORM_FIELDS`)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The pod options the platform's variables set (`settings/options.py`), checked; unset ones are absent."""
+
+    @property
+    def job_kind(self) -> str:
+        """The platform's job kind setting (`auto` when unset)."""
+        return self.options.get("job_kind", "auto")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> PlatformDefaults:
-        """Read the variables above from `environ` (default: this process). Raises LaunchError on bad JSON."""
+        """Read the variables from `environ` (default: this process). Raises LaunchError naming a bad one."""
         environ = os.environ if environ is None else environ
-        value = {name: environ.get(name, "").strip() for name in (
-            "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_S3_SECRET", "ALIGNFLOW_MLFLOW_SECRET",
-            "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE", "ALIGNFLOW_SERVICE_ACCOUNT",
-            "ALIGNFLOW_JOB_KIND", "ALIGNFLOW_TRAINER_RUNTIME")}
+        options = options_from_environment(environ)
         job_env = {name: environ[name].strip() for name in JOB_ENV_NAMES if environ.get(name, "").strip()}
         if "ALIGNFLOW_S3_RETRY_SECONDS" in job_env:
             _check_retry_seconds(job_env["ALIGNFLOW_S3_RETRY_SECONDS"])
         if "MLFLOW_TRACKING_URI" in job_env:
             uri, has_credentials = strip_credentials(job_env["MLFLOW_TRACKING_URI"])
-            if has_credentials and not value["ALIGNFLOW_MLFLOW_SECRET"]:
+            if has_credentials and not options.get("mlflow_secret"):
                 raise LaunchError(f"MLFLOW_TRACKING_URI ({uri}) carries credentials, and ALIGNFLOW_MLFLOW_SECRET "
                                   "names no Secret to pass it through; put MLFLOW_TRACKING_USERNAME and "
                                   "MLFLOW_TRACKING_PASSWORD in a Secret and name it in ALIGNFLOW_MLFLOW_SECRET")
             job_env["MLFLOW_TRACKING_URI"] = uri
-        return cls(trainer_image=value["ALIGNFLOW_TRAINER_IMAGE"],
-                   trainer_vllm_image=value["ALIGNFLOW_TRAINER_VLLM_IMAGE"], s3_secret=value["ALIGNFLOW_S3_SECRET"],
-                   job_kind=check_job_kind(value["ALIGNFLOW_JOB_KIND"]),
-                   trainer_runtime=value["ALIGNFLOW_TRAINER_RUNTIME"],
-                   mlflow_secret=value["ALIGNFLOW_MLFLOW_SECRET"],
-                   node_selector=_json_value(environ, "ALIGNFLOW_NODE_SELECTOR", dict),
-                   tolerations=_json_value(environ, "ALIGNFLOW_TOLERATIONS", list),
-                   gpu_resource=value["ALIGNFLOW_GPU_RESOURCE"], priority_class=value["ALIGNFLOW_PRIORITY_CLASS"],
-                   kueue_queue=value["ALIGNFLOW_KUEUE_QUEUE"], service_account=value["ALIGNFLOW_SERVICE_ACCOUNT"],
+        return cls(trainer_image=environ.get("ALIGNFLOW_TRAINER_IMAGE", "").strip(),
+                   trainer_vllm_image=environ.get("ALIGNFLOW_TRAINER_VLLM_IMAGE", "").strip(),
                    allowed_images=_allow_list(environ, "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_TRAINER_IMAGE"),
                    allowed_secrets=_allow_list(environ, "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_S3_SECRET"),
-                   job_env=job_env, scheduling=scheduling_from_environment(environ))
+                   job_env=job_env, options=options)
 
 
 def _check_retry_seconds(text: str) -> None:
@@ -129,14 +98,6 @@ def _check_retry_seconds(text: str) -> None:
         ok = False
     if not ok:
         raise LaunchError(f"ALIGNFLOW_S3_RETRY_SECONDS (ConfigMap key) is {text!r}, expected a number of seconds >= 0")
-
-
-def _json_value(environ: Mapping[str, str], name: str, kind: type) -> dict | list:
-    """A node selector (dict) or tolerations (list) from its ConfigMap key; unset or "null" is empty."""
-    text = environ.get(name, "").strip()
-    if text in ("", "null"):
-        return kind()
-    return check_value(text, "object" if kind is dict else "list", f"{name} (ConfigMap key)")
 
 
 def _allow_list(environ: Mapping[str, str], name: str, fallback: str) -> list[str] | None:

@@ -1,16 +1,17 @@
-"""Scheduling options of a stage's pods: the platform's defaults (ConfigMap) and a run's overrides.
+"""Checking an option's value, from the platform's environment or from a run's overrides.
 
-Two sources set the same `ClusterOptions` fields, and each error names where the bad value came from:
+Two sources set the options `settings/options.py` declares, and each error names where the bad
+value came from:
 
 - the chart's defaults ConfigMap, as the component pod's environment (`ALIGNFLOW_AFFINITY`, ...):
   an error names the variable, which is the ConfigMap key;
 - a pipeline's `scheduling` parameter, a JSON object such as
   `{"cpu_request": "8", "memory_limit": "64Gi", "active_deadline_seconds": 86400}`: an error names
-  `scheduling.<key>`. A run's values win over the platform's.
+  `scheduling.<key>`. A run's values win over the platform's. Its keys are the options a run may
+  set (`set_by=RUN`); service account, priority class, Kueue queue and the rest stay the platform's
+  or the component's.
 
-What this leaves out: node selector, tolerations, GPU resource, priority class, Kueue queue and
-service account are read by `platform.py` (they predate this module); the manifest's own checks of
-the final values are in `pod/checks.py`.
+What this leaves out: the manifest's own checks of the final values are in `pod/checks.py`.
 """
 
 from __future__ import annotations
@@ -19,30 +20,23 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from components.launcher.pod.checks import quantity_value
+from components.launcher.settings.options import POD_OPTIONS, RUN, options_set_by
+from components.launcher.shared.quantities import quantity_value
 from trainer.errors import LaunchError
 
-# ClusterOptions field -> (ConfigMap key / environment variable, kind of value).
-PLATFORM_FIELDS = {
-    "affinity": ("ALIGNFLOW_AFFINITY", "object"),
-    "cpu_request": ("ALIGNFLOW_CPU_REQUEST", "quantity"),
-    "cpu_limit": ("ALIGNFLOW_CPU_LIMIT", "quantity"),
-    "memory_request": ("ALIGNFLOW_MEMORY_REQUEST", "quantity"),
-    "memory_limit": ("ALIGNFLOW_MEMORY_LIMIT", "quantity"),
-    "shm_size": ("ALIGNFLOW_SHM_SIZE", "quantity"),
-    "active_deadline_seconds": ("ALIGNFLOW_ACTIVE_DEADLINE_SECONDS", "seconds"),
-    "pending_timeout_seconds": ("ALIGNFLOW_PENDING_TIMEOUT_SECONDS", "seconds"),
-    "poll_seconds": ("ALIGNFLOW_POLL_SECONDS", "seconds"),
-}
-# What a run may override through its `scheduling` parameter. Service account, priority class and Kueue queue
-# stay the platform's: they decide whose quota and which preemption rank a job gets, not how it runs.
-OVERRIDE_KINDS = {
-    **{name: kind for name, (_, kind) in PLATFORM_FIELDS.items()},
-    "node_selector": "object", "tolerations": "list", "gpu_resource": "text", "timeout_seconds": "seconds",
-}
+JOB_KIND_SETTINGS = ("auto", "trainjob", "pytorchjob")
 EXPECTED = {"object": "a JSON object", "list": "a JSON list of objects", "text": "a string",
             "quantity": "a Kubernetes quantity such as '8', '500m' or '16Gi'",
-            "seconds": "a positive number of seconds"}
+            "seconds": "a positive number of seconds", "count": "an integer >= 1", "count0": "an integer >= 0",
+            "nproc": "'auto' or an integer >= 1", "job_kind": "one of auto, trainjob, pytorchjob"}
+
+
+def check_job_kind(setting: str, where: str = "ALIGNFLOW_JOB_KIND (ConfigMap key)") -> str:
+    """`setting` lower-cased if it is a job kind setting (`kinds/choice.py`); LaunchError naming `where` otherwise."""
+    value = (setting or "auto").strip().lower()
+    if value not in JOB_KIND_SETTINGS:
+        raise LaunchError(f"{where} is {setting!r}, expected one of {', '.join(JOB_KIND_SETTINGS)}")
+    return value
 
 
 def check_value(value: Any, kind: str, where: str) -> Any:
@@ -62,6 +56,10 @@ def check_value(value: Any, kind: str, where: str) -> Any:
     elif kind == "quantity":
         ok = isinstance(value, (str, int, float)) and not isinstance(value, bool) and quantity_value(str(value)) is not None
         value = str(value)
+    elif kind in ("count", "count0", "nproc"):
+        ok, value = _check_count(value, kind)
+    elif kind == "job_kind":
+        ok, value = True, check_job_kind(str(value), where)  # raises naming `where`
     else:  # seconds
         try:
             number = float(value)
@@ -75,14 +73,26 @@ def check_value(value: Any, kind: str, where: str) -> Any:
     return value
 
 
-def scheduling_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The platform's scheduling defaults from the ConfigMap's variables; unset or empty ones are left out."""
+def _check_count(value: Any, kind: str) -> tuple[bool, Any]:
+    if kind == "nproc" and value == "auto":
+        return True, value
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return False, value
+    ok = not isinstance(value, bool) and number == float(value) and number >= (0 if kind == "count0" else 1)
+    return ok, number if ok else value
+
+
+def options_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Every option the platform's variables set (`PodOption.variable`), checked; unset or empty ones are left out."""
     values: dict[str, Any] = {}
-    for name, (variable, kind) in PLATFORM_FIELDS.items():
-        text = environ.get(variable, "").strip()
-        if text in ("", "null", "0") or (kind == "object" and text == "{}"):
+    for option in POD_OPTIONS:
+        text = environ.get(option.variable, "").strip() if option.variable else ""
+        if text in ("", "null") or (text == "0" and option.kind == "seconds") or (option.kind == "object" and
+                                                                                  text == "{}"):
             continue  # "0" seconds means "no deadline" in the chart's values
-        values[name] = check_value(text, kind, f"{variable} (ConfigMap key)")
+        values[option.name] = check_value(text, option.kind, f"{option.variable} (ConfigMap key)")
     return values
 
 
@@ -94,9 +104,10 @@ def scheduling_overrides(overrides: Any, parameter: str = "scheduling") -> dict[
         overrides = check_value(overrides, "object", parameter)
     if not isinstance(overrides, dict):
         raise LaunchError(f"{parameter} is {overrides!r}, expected a JSON object")
-    unknown = sorted(set(overrides) - set(OVERRIDE_KINDS))
+    allowed = options_set_by(RUN)
+    unknown = sorted(set(overrides) - set(allowed))
     if unknown:
         raise LaunchError(f"{parameter} has unknown key(s) {', '.join(unknown)}; "
-                          f"expected any of {', '.join(sorted(OVERRIDE_KINDS))}")
-    return {name: check_value(value, OVERRIDE_KINDS[name], f"{parameter}.{name}")
+                          f"expected any of {', '.join(sorted(allowed))}")
+    return {name: check_value(value, allowed[name].kind, f"{parameter}.{name}")
             for name, value in overrides.items() if value is not None}

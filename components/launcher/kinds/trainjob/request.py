@@ -14,7 +14,7 @@ the chart's TrainingRuntime). Everything a PyTorchJob pod gets reaches the Train
 | env from Secrets (`secretKeyRef`) | Secret volumes (runtime patch), exported by `trainer.launch` (below) |
 | resources (requests, limits, GPUs) | `trainer.resourcesPerNode` (requests equal limits, below) |
 | `/dev/shm` volume, node selector, tolerations, affinity, service account, security contexts, pod labels | runtime patch (the SDK's `RuntimePatch`) |
-| `terminationGracePeriodSeconds` | a second runtime patch (`PodGracePeriod`, below) |
+| `terminationGracePeriodSeconds`, other options passed through to the pod | a second runtime patch (`PodFields`, below) |
 | job labels, Kueue queue label | TrainJob labels (`Labels`) |
 | `runPolicy.activeDeadlineSeconds` | `spec.activeDeadlineSeconds` (`ActiveDeadlineSeconds`) |
 | priority class, no service-account token, restart and failure policy | the runtime (the chart renders them from the same values) |
@@ -43,9 +43,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from components.launcher.pod.checks import check_spec, quantity_value
+from components.launcher.pod.checks import check_spec
 from components.launcher.pod.spec import STAGES, job_labels
-from components.launcher.pod.template import LAUNCH_COMMAND, plain_environment, security_contexts
+from components.launcher.pod.template import (
+    pass_through_fields,
+    plain_environment,
+    pod_labels,
+    security_contexts,
+    shm_mount,
+    shm_volume,
+    stage_command,
+)
+from components.launcher.shared.quantities import quantity_value
 from trainer.launch import SECRET_DIRS_VARIABLE
 
 if TYPE_CHECKING:
@@ -55,6 +64,11 @@ NODE = "node"  # the replicated job and the container the torch plugin configure
 SECRET_ROOT = "/var/run/secrets/alignflow"
 PATCH_MANAGER = "alignflow.dev/launcher"  # our own runtime patch; the SDK's is trainer.kubeflow.org/kubeflow-sdk
 TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+# Pass-through pod fields the SDK's PodSpecPatch sets (pod field -> its argument), and those the runtime sets
+# (the chart renders the TrainingRuntime from the same values); any other goes into our own patch (PodFields).
+SDK_POD_FIELDS = {"nodeSelector": "node_selector", "tolerations": "tolerations", "affinity": "affinity",
+                  "serviceAccountName": "service_account_name"}
+RUNTIME_POD_FIELDS = ("priorityClassName",)
 
 
 @dataclass(slots=True)
@@ -69,16 +83,16 @@ class TrainJobRequest:
 
 
 @dataclass
-class PodGracePeriod:
-    """A runtime patch that sets the trainer pods' `terminationGracePeriodSeconds` (a `TrainerClient.train`
-    option, like the SDK's own; its `PodSpecPatch` lacks the field)."""
+class PodFields:
+    """A runtime patch that sets fields of the trainer pods' spec the SDK's `PodSpecPatch` lacks (a
+    `TrainerClient.train` option, like the SDK's own): `terminationGracePeriodSeconds`, and any option
+    passed through to the pod (`PodOption.pod_field`) that neither the SDK's patch nor the runtime sets."""
 
-    seconds: int
+    fields: dict[str, Any]
 
     def __call__(self, job_spec: dict, trainer: Any, backend: Any) -> None:
-        pod = {"terminationGracePeriodSeconds": self.seconds}
         patch = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-            {"name": NODE, "template": {"spec": {"template": {"spec": pod}}}}]}}}}
+            {"name": NODE, "template": {"spec": {"template": {"spec": dict(self.fields)}}}}]}}}}
         job_spec.setdefault("spec", {}).setdefault("runtimePatches", []).append(patch)
 
 
@@ -117,8 +131,7 @@ def secret_volumes(secret_env: list[SecretEnv]) -> tuple[list[dict], list[dict],
 
 def trainer_command(spec: JobSpec) -> list[str]:
     """`python -m trainer.launch --nproc-per-node N -m trainer <stage> --config <uri>` (see the module docstring)."""
-    return [*LAUNCH_COMMAND, "--nproc-per-node", str(spec.nproc_per_node), "-m", "trainer", spec.stage,
-            "--config", spec.config_uri, *spec.extra_args]
+    return stage_command(spec, ("--nproc-per-node", str(spec.nproc_per_node)))
 
 
 def pod_patch(spec: JobSpec, mounts: list[dict], volumes: list[dict]) -> Any:
@@ -137,14 +150,12 @@ def pod_patch(spec: JobSpec, mounts: list[dict], volumes: list[dict]) -> Any:
     )
 
     pod_security, container_security = security_contexts(spec)
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
-    node = ContainerPatch(name=NODE, volume_mounts=[{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],
-                          security_context=container_security)
-    pod = PodSpecPatch(service_account_name=spec.service_account or None, volumes=[shm, *volumes], containers=[node],
-                       security_context=pod_security, node_selector=dict(spec.node_selector) or None,
-                       affinity=dict(spec.affinity) or None, tolerations=[dict(t) for t in spec.tolerations] or None)
-    labels = {"app.kubernetes.io/name": "alignflow", **spec.labels}
-    job = JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(metadata={"labels": labels}, spec=pod)))
+    node = ContainerPatch(name=NODE, volume_mounts=[shm_mount(), *mounts], security_context=container_security)
+    placement = pass_through_fields(spec)
+    pod = PodSpecPatch(volumes=[shm_volume(spec), *volumes], containers=[node], security_context=pod_security,
+                       **{argument: placement.get(field) for field, argument in SDK_POD_FIELDS.items()})
+    job = JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(metadata={"labels": pod_labels(spec)},
+                                                                       spec=pod)))
     return RuntimePatch(training_runtime_spec=TrainingRuntimeSpecPatch(template=JobSetTemplatePatch(
         spec=JobSetSpecPatch(replicated_jobs=[ReplicatedJobPatch(name=NODE, template=job)]))))
 
@@ -162,8 +173,10 @@ def build_trainjob_request(spec: JobSpec) -> TrainJobRequest:
     env = plain_environment(spec) | ({SECRET_DIRS_VARIABLE: ":".join(folders)} if folders else {})
     trainer = CustomTrainerContainer(image=spec.image, num_nodes=spec.num_nodes,
                                      resources_per_node=resources or None, env=env)
+    own_fields = pass_through_fields(spec, skip=(*SDK_POD_FIELDS, *RUNTIME_POD_FIELDS))
     options = [Name(spec.name), Labels(job_labels(spec)), TrainerCommand(trainer_command(spec)),
-               pod_patch(spec, mounts, volumes), PodGracePeriod(spec.termination_grace_period_seconds)]
+               pod_patch(spec, mounts, volumes),
+               PodFields({"terminationGracePeriodSeconds": spec.termination_grace_period_seconds, **own_fields})]
     if spec.active_deadline_seconds is not None:
         options.append(ActiveDeadlineSeconds(spec.active_deadline_seconds))
     return TrainJobRequest(spec.namespace, spec.name, trainer, options)

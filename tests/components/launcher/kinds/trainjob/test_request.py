@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.launcher.kinds.trainjob.request import PodGracePeriod, build_trainjob_request
+from components.launcher.kinds.trainjob.request import PodFields, build_trainjob_request
 from components.launcher.pod.spec import JobSpec, SecretEnv
 from trainer.errors import LaunchError
 
@@ -72,8 +72,8 @@ def test_secrets_reach_the_trainer_as_files_of_secret_volumes_never_as_values():
 
 def test_the_grace_period_is_a_runtime_patch_of_our_own():
     job_spec: dict = {}
-    grace = options_of(build_trainjob_request(spec()))["PodGracePeriod"]
-    assert isinstance(grace, PodGracePeriod) and grace.seconds == 100
+    grace = options_of(build_trainjob_request(spec()))["PodFields"]
+    assert isinstance(grace, PodFields) and grace.fields == {"terminationGracePeriodSeconds": 100}
     grace(job_spec, None, None)
     [patch] = job_spec["spec"]["runtimePatches"]
     assert patch["manager"] == "alignflow.dev/launcher"
