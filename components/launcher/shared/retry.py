@@ -1,12 +1,15 @@
-"""Retrying Kubernetes API calls through transient failures, with exponential backoff.
+"""Retrying HTTP API calls through transient failures, with exponential backoff: the one definition of
+"transient" for the launcher (the Kubernetes API) and the `alignflow` CLI (the KFP API, pipelines/remote.py).
 
-Transient: HTTP 429 (honouring Retry-After), 500, 502, 503, 504, and the connection failing under
-the client (reset, refused, read timeout: urllib3's errors and OSError). Everything else (403,
-404, 409, 422, ...) is an answer and goes to the caller at once. A run of consecutive failures
-longer than `max_retries` becomes an `ApiUnavailable` LaunchError; a success resets the count.
+Transient: HTTP 408, 429 (honouring Retry-After), 500, 502, 503, 504; status 0, which the generated
+API clients (kubernetes, kfp_server_api) report when TLS fails under them; and the connection
+failing under the client (reset, refused, read timeout: urllib3's errors and OSError). Everything
+else (403, 404, 409, 422, ...) is an answer and goes to the caller at once. A run of consecutive
+failures longer than `max_retries`, or a wait that would pass the `deadline`, becomes the policy's
+`unavailable` error (`ApiUnavailable`, a LaunchError, by default); a success resets the count.
 
 What this module leaves out: what a failure means for the job. The launcher decides that (an
-unreachable API server never deletes a running job).
+unreachable API server never deletes a running job); the CLI never retries creating a run.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainer.errors import LaunchError
+from trainer.errors import AlignflowError, LaunchError
 
 logger = logging.getLogger(__name__)
-TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
+TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
 T = TypeVar("T")
 
 
@@ -28,11 +31,13 @@ class ApiUnavailable(LaunchError):
 
 
 def is_transient(err: BaseException) -> bool:
-    from kubernetes.client.exceptions import ApiException
+    """Whether `err` is worth retrying: an API answer with a transient HTTP status (any client's exception
+    with an integer `status`), or a failed connection."""
     from urllib3.exceptions import HTTPError
 
-    if isinstance(err, ApiException):
-        return err.status in TRANSIENT_STATUSES
+    status = getattr(err, "status", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status in TRANSIENT_STATUSES
     return isinstance(err, (HTTPError, OSError))
 
 
@@ -60,14 +65,21 @@ class RetryPolicy:
         base_seconds: The first wait.
         max_seconds: The longest wait (also caps a server's Retry-After).
         sleep: How to wait (tests pass a recorder).
+        deadline: A `time.monotonic()` value no wait may pass; None: none.
+        api: How messages name the API.
+        unavailable: The error raised past the budget or the deadline.
     """
 
     def __init__(self, max_retries: int = 8, base_seconds: float = 1.0, max_seconds: float = 30.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, *, deadline: float | None = None,
+                 api: str = "the Kubernetes API", unavailable: type[AlignflowError] = ApiUnavailable) -> None:
         self.max_retries = max_retries
         self.base_seconds = base_seconds
         self.max_seconds = max_seconds
         self.sleep = sleep
+        self.deadline = deadline
+        self.api = api
+        self.unavailable = unavailable
         self.failures = 0
 
     def succeeded(self) -> None:
@@ -77,9 +89,11 @@ class RetryPolicy:
         """Count a transient failure of `what` and wait before the next try; ApiUnavailable past the budget."""
         self.failures += 1
         if self.failures > self.max_retries:
-            raise ApiUnavailable(f"{what}: the Kubernetes API kept failing ({describe(err)}) after "
-                                 f"{self.max_retries} retries") from err
+            raise self.unavailable(f"{what}: {self.api} kept failing ({describe(err)}) after "
+                                   f"{self.max_retries} retries") from err
         delay = min(self.max_seconds, max(self.base_seconds * 2 ** (self.failures - 1), _retry_after(err)))
+        if self.deadline is not None and time.monotonic() + delay > self.deadline:
+            raise self.unavailable(f"{what}: {self.api} kept failing ({describe(err)}) until the deadline") from err
         logger.warning("%s: %s; retry %d of %d in %.1f s", what, describe(err), self.failures, self.max_retries,
                        delay)
         self.sleep(delay)
