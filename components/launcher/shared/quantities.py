@@ -11,6 +11,7 @@ _SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "":
            "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20,
            "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60}
 
+
 def quantity_value(text: str) -> Decimal | None:
     """The number a Kubernetes quantity stands for (`500m` -> 0.5, `1Gi` -> 1073741824); None if invalid."""
     match = _QUANTITY.match(str(text))
