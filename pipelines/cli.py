@@ -119,7 +119,7 @@ def resolve_pipeline_and_params(args: argparse.Namespace) -> tuple[str, dict]:
 
 def check_scheduling(params: dict) -> dict:
     """`params` with its `scheduling` overrides checked here, before a run starts (LaunchError naming the key)."""
-    from components.launcher.scheduling import scheduling_overrides
+    from components.launcher.settings.scheduling import scheduling_overrides
 
     if params.get("scheduling") not in (None, "", {}):
         scheduling_overrides(params["scheduling"], "parameter scheduling")

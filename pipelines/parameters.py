@@ -52,7 +52,7 @@ SHARED = {
                  "the platform's. Only Secrets the platform allows are accepted.",
     "scheduling": "Overrides of the platform's scheduling defaults for every training and evaluation job, as a JSON "
                   "object, e.g. {\"cpu_request\": \"8\", \"memory_limit\": \"96Gi\", \"active_deadline_seconds\": "
-                  "86400}; keys: components/launcher/scheduling.py.",
+                  "86400}; keys: components/launcher/settings/options.py.",
     "max_new_tokens": "Longest answer, in tokens, that the evaluation generates per prompt.",
     "registered_model_name": "MLflow registered model the candidate becomes a new version of when it beats the SFT "
                              "baseline; its `champion` is scored beside it.",

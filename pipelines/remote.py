@@ -17,7 +17,8 @@ namespace (`namespace`, from `--namespace` or `KFP_NAMESPACE`): experiments, run
 and uploaded pipelines live there.
 
 Following a run (`wait_for_run`) survives a flaky API: transient errors (connection failures,
-timeouts, HTTP 408/429/5xx) are retried with exponential backoff; anything else fails at once.
+timeouts, HTTP 408/429/5xx: the launcher's one definition, components/launcher/shared/retry.py) are
+retried with exponential backoff; anything else fails at once.
 Creating a run is never retried (a retried create could start the run twice).
 """
 
@@ -31,23 +32,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from components.launcher.shared.retry import RetryPolicy
 from trainer.errors import PipelineError
 
 logger = logging.getLogger(__name__)
 
 SUCCEEDED = "SUCCEEDED"
 FINISHED = ("SUCCEEDED", "FAILED", "SKIPPED", "CANCELED")
-TRANSIENT_HTTP_STATUS = frozenset({0, 408, 429, 500, 502, 503, 504})
-MAX_CONSECUTIVE_FAILURES = 8
+MAX_RETRIES = 7
 MAX_BACKOFF_SECONDS = 60.0
-
-T = TypeVar("T")
 
 
 class WaitTimeout(PipelineError):
     """The run was still going when `--timeout` ran out (it keeps running on the cluster)."""
+
+
+class KfpUnavailable(PipelineError):
+    """The KFP API kept failing past the retry budget while a run was followed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,35 +137,6 @@ def cron_with_seconds(expression: str) -> str:
     raise PipelineError(f"--cron {expression!r}: expected 5 fields (minute hour day month weekday) or 6 with seconds")
 
 
-def is_transient(err: BaseException) -> bool:
-    """Whether an API error is worth retrying: connection trouble, timeouts, HTTP 408/429/5xx."""
-    status = getattr(err, "status", None)
-    if isinstance(status, int):
-        return status in TRANSIENT_HTTP_STATUS
-    import urllib3.exceptions
-
-    return isinstance(err, (ConnectionError, TimeoutError, urllib3.exceptions.HTTPError))
-
-
-def with_retries(call: Callable[[], T], what: str, first_delay: float, deadline: float | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
-    """`call()`, retried on transient errors with exponential backoff (at most MAX_CONSECUTIVE_FAILURES
-    tries, never past `deadline`, a `time.monotonic()` value). Other errors are raised at once."""
-    delay = max(first_delay, 0.01)
-    for attempt in range(1, MAX_CONSECUTIVE_FAILURES + 1):
-        try:
-            return call()
-        except Exception as err:  # noqa: BLE001 - sorted into transient or not just below
-            out_of_time = deadline is not None and time.monotonic() + delay > deadline
-            if not is_transient(err) or attempt == MAX_CONSECUTIVE_FAILURES or out_of_time:
-                raise
-            logger.warning("%s failed (%s: %s); retry %d of %d in %.0f s", what, type(err).__name__,
-                           str(err).splitlines()[0] if str(err) else "", attempt, MAX_CONSECUTIVE_FAILURES - 1, delay)
-            sleep(delay)
-            delay = min(delay * 2, MAX_BACKOFF_SECONDS)
-    raise AssertionError("unreachable")
-
-
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How a run or a recurring run is started.
@@ -197,11 +171,14 @@ def wait_for_run(endpoint: Endpoint, run_id: str, timeout: float, poll_seconds: 
 
     Raises:
         WaitTimeout: The run had not finished after `timeout` seconds.
+        KfpUnavailable: The KFP API kept failing past the retry budget or the timeout.
     """
     client = make_client(endpoint)
     deadline = time.monotonic() + timeout
+    retry = RetryPolicy(MAX_RETRIES, max(poll_seconds, 0.01), MAX_BACKOFF_SECONDS, sleep, deadline=deadline,
+                        api="the KFP API", unavailable=KfpUnavailable)
     while True:
-        run = with_retries(lambda: client.get_run(run_id), f"get_run {run_id}", poll_seconds, deadline, sleep)
+        run = retry.call(client.get_run, f"get_run {run_id}", run_id)
         state = str(run.state or "")
         if state in FINISHED:
             return state

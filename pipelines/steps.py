@@ -75,7 +75,7 @@ def prepare(lineage: dsl.PipelineTask, base_model_uri: str, **dataset_uris: str)
 
 def stage_arguments(cluster: dict, lineage: dsl.PipelineTask, scheduling: dict) -> dict:
     """What every training stage receives: the cluster arguments, the MLflow parent run to nest under, and the
-    run's `scheduling` overrides of the platform's pod defaults (components/launcher/scheduling.py)."""
+    run's `scheduling` overrides of the platform's pod defaults (components/launcher/settings/options.py)."""
     return {**cluster, "parent_run_id": lineage.output, "scheduling": scheduling}
 
 

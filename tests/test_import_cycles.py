@@ -26,14 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "components", "pipelines")
 
-# TODO(h29-launcher merge): remove. The launcher's manifest / pod_template / manifest_checks circle is
-# being taken apart on branch h29-launcher (issue 29) while this check lands; once both are merged this
-# set is empty and the check covers `components/` in full.
-KNOWN_CYCLES = {
-    frozenset({"components.launcher.manifest", "components.launcher.manifest_checks",
-               "components.launcher.pod_template"}),
-}
-
 Edges = dict[str, dict[str, str]]  # module -> {imported module: "path:line" of the first such import}
 
 
@@ -141,7 +133,7 @@ def describe(graph: Edges, component: list[str]) -> str:
 
 def test_trainer_components_and_pipelines_have_no_import_circles():
     graph = import_graph(ROOT, PACKAGES)
-    found = [c for c in circles(graph) if frozenset(c) not in KNOWN_CYCLES]
+    found = circles(graph)
     assert not found, "import circles:\n" + "\n".join(describe(graph, c) for c in found)
 
 

@@ -21,7 +21,7 @@ Before torchrun starts, the variables a TrainJob's Secrets hold are exported fro
 TrainJob cannot take env from Secrets (the Kubeflow SDK passes plain values only, and Kubeflow
 Trainer refuses env in runtime patches of its `node` container), so the launcher mounts each Secret
 read-only with only the keys used, each as a file named after its variable, and lists the folders
-in `ALIGNFLOW_SECRET_ENV_DIRS` (components/launcher/trainjob_request.py). torchrun's workers inherit
+in `ALIGNFLOW_SECRET_ENV_DIRS` (components/launcher/kinds/trainjob/request.py). torchrun's workers inherit
 them as a PyTorchJob's pods get them through `secretKeyRef`. A folder that does not exist (an
 optional Secret that is absent) is skipped.
 

@@ -60,7 +60,7 @@ def train_dpo(
         parent_run_id: The pipeline's MLflow run (from open_lineage); this stage's run nests under it.
         scheduling: Overrides of the platform's scheduling defaults for this job's pods, e.g.
             {"cpu_request": "8", "memory_limit": "96Gi", "active_deadline_seconds": 86400,
-            "pending_timeout_seconds": 600}; keys are listed in components/launcher/scheduling.py.
+            "pending_timeout_seconds": 600}; keys are listed in components/launcher/settings/options.py.
     """
     from components.launcher.component_io import run_training_component
 

@@ -66,7 +66,7 @@ def evaluate_model(
         s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Where the job writes its results; empty uses a folder beside the metrics.
         scheduling: Overrides of the platform's scheduling defaults for the job's pods (the run's
-            `scheduling` parameter, as the training stages get it; keys in components/launcher/scheduling.py).
+            `scheduling` parameter, as the training stages get it; keys in components/launcher/settings/options.py).
 
     Returns:
         The candidate's mean checkable reward minus the baseline's (positive when it is better).

@@ -8,7 +8,8 @@ from typing import Any
 
 from components.evaluate.mlflow_side import Champion, current_champion, log_evaluation
 from components.launcher.component_io import cluster_options, default_job_root
-from components.launcher.stage_job import _cell, run_stage_job
+from components.launcher.stage_job import run_stage_job
+from components.reports.stage import table_cell
 from trainer.errors import PipelineError
 from trainer.storage import get_storage, join_uri
 
@@ -36,8 +37,9 @@ def run_evaluation_component(params: dict[str, Any]) -> float:
     job_root = params.get("job_root") or default_job_root(metrics.uri, params["run_id"], "evaluate")
     name = params.get("registered_model_name") or ""
     champion = current_champion(name) if name else None
-    scores = run_stage_job("evaluate", evaluation_config(params, champion), model_uri=None, job_root=job_root,
-                           run_id=params["run_id"], task="evaluate", cluster=cluster_options(params))
+    config = evaluation_config(params, champion)
+    scores = run_stage_job("evaluate", config, model_uri=None, job_root=job_root, run_id=params["run_id"],
+                           task="evaluate", cluster=cluster_options(params, config=config))
     if params.get("parent_run_id"):
         log_evaluation(parent_run_id=params["parent_run_id"], kfp_run_id=params["run_id"], scores=scores,
                        models={"candidate": params["model"].uri, "baseline": params["baseline"].uri},
@@ -76,8 +78,8 @@ def comparison_report(scores: dict[str, float], job_root: str) -> str:
         lines += ["", "## Sample answers", "", "| prompt | candidate | score |" + "".join(f" {o} | score |"
                                                                                       for o in others),
                   "|---|---|---|" + "---|---|" * len(others)]
-        lines += [f"| {_cell(r['prompt'])} | {_cell(r['response'])} | {r['score']:.3g} |"
-                  + "".join(f" {_cell(r.get(f'{o}_response', ''))} | {r.get(f'{o}_score', float('nan')):.3g} |"
+        lines += [f"| {table_cell(r['prompt'])} | {table_cell(r['response'])} | {r['score']:.3g} |"
+                  + "".join(f" {table_cell(r.get(f'{o}_response', ''))} | {r.get(f'{o}_score', float('nan')):.3g} |"
                             for o in others)
                   for r in rows]
     return "\n".join(lines) + "\n"

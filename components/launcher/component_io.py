@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.images import PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE
-from components.launcher.platform import PlatformDefaults
-from components.launcher.scheduling import scheduling_overrides
-from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_report
+from components.launcher.settings.options import COMPONENT, RUN, options_set_by
+from components.launcher.settings.platform import PlatformDefaults
+from components.launcher.settings.scheduling import scheduling_overrides
+from components.launcher.stage_job import ClusterOptions, run_stage_job
+from components.reports.stage import stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
 
@@ -62,22 +64,24 @@ def _is_given(value: Any) -> bool:
     return value is not None and value != "" and value != {} and value != []
 
 
-def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = None) -> ClusterOptions:
+def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = None, *,
+                    config: Mapping[str, Any] | None = None) -> ClusterOptions:
     """Where the stage's job runs: the component's parameters over the platform's defaults.
 
     Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
-    components' published default, leaves the platform's value. A job that samples with vLLM
-    (`uses_vllm`) runs the trainer image's vLLM variant in its place (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like a
-    `ClusterOptions` field (`node_selector`, `pending_timeout_seconds`, ...) are taken too, so a
-    component can expose any of them, and last the run's `scheduling` parameter (a JSON object of
-    such fields, see `scheduling.py`). Raises LaunchError naming the ConfigMap key or the
+    components' published default, leaves the platform's value. A job whose stage config (`config`,
+    resolved once by the caller) samples with vLLM runs the trainer image's vLLM variant in its place
+    (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like an option a
+    component or a run may set (settings/options.py: `node_selector`, `pending_timeout_seconds`, ...)
+    are taken too, so a component can expose any of them, and last the run's `scheduling` parameter
+    (a JSON object of the options a run may set, see settings/scheduling.py). Raises LaunchError naming the ConfigMap key or the
     `scheduling.<key>` that holds a bad value.
     """
     platform = PlatformDefaults.from_environment(environ)
     gpus = params["gpus_per_node"]
     image = params.get("trainer_image")
-    if uses_vllm(params):  # the image's vLLM variant: the platform's, else the published one
+    if uses_vllm(config or {}):  # the image's vLLM variant: the platform's, else the published one
         if not _is_given(image) or image in (PUBLISHED_TRAINER_IMAGE, PUBLISHED_TRAINER_VLLM_IMAGE):
             image = platform.trainer_vllm_image or PUBLISHED_TRAINER_VLLM_IMAGE
     elif not _is_given(image) or (image == PUBLISHED_TRAINER_IMAGE and platform.trainer_image):
@@ -87,25 +91,19 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
         "nproc_per_node": max(gpus, 1), "gpus_per_node": gpus, "env": platform.job_env,
         "allowed_images": platform.allowed_images, "allowed_secrets": platform.allowed_secrets,
     }
-    for name in ("s3_secret", "mlflow_secret", "node_selector", "tolerations", "gpu_resource", "priority_class",
-                 "kueue_queue", "service_account", "job_kind", "trainer_runtime"):
-        if _is_given(getattr(platform, name)):
-            options[name] = getattr(platform, name)
-    options.update(platform.scheduling)  # affinity, cpu/memory, shm, deadline, pending limit (ConfigMap)
-    # Policy stays the platform's: allow-lists, the MLflow Secret, the namespace (the component's own), the job kind.
-    overridable = set(ClusterOptions.__dataclass_fields__) - {"mode", "image", "env", "allowed_images",
-                                                              "allowed_secrets", "mlflow_secret", "namespace",
-                                                              "job_kind", "trainer_runtime"}
-    options.update({name: params[name] for name in overridable if _is_given(params.get(name))})
+    options.update(platform.options)  # every option the platform's ConfigMap sets
+    # Policy stays the platform's (`set_by=PLATFORM`): the MLflow Secret, the namespace (the component's own), the
+    # job kind; the allow-lists are no options at all.
+    options.update({name: params[name] for name in options_set_by(RUN, COMPONENT) if _is_given(params.get(name))})
     options.update(scheduling_overrides(params.get("scheduling")))  # the run's `scheduling` parameter wins
     return ClusterOptions(**options)
 
 
-def uses_vllm(params: dict[str, Any]) -> bool:
-    """Whether the job samples with vLLM (`rollout_engine`, or `rollout.engine` in its `settings`), so it needs
-    the trainer image's vLLM variant."""
-    engine = (params.get("settings") or {}).get("rollout.engine") or params.get("rollout_engine")
-    return engine == "vllm"
+def uses_vllm(config: Mapping[str, Any]) -> bool:
+    """Whether a stage config samples with vLLM (its `rollout.engine`), so its job needs the trainer image's vLLM
+    variant. Read from the resolved config only: `settings` may set the engine as a dotted key or inside a
+    nested `rollout` section, and either way the config is what the trainer runs."""
+    return (config.get("rollout") or {}).get("engine") == "vllm"
 
 
 def default_job_root(model_uri: str, run_id: str, stage: str) -> str:
@@ -127,7 +125,7 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
     model, metrics, report = params["model"], params["metrics"], params["report"]
     job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
-    cluster = cluster_options(params)
+    cluster = cluster_options(params, config=config)
     # The stage's run nests under the pipeline's MLflow run (components/lineage), or under KFP's task run where
     # KFP's MLflow integration opened one (components/lineage/kfp_mlflow.py).
     from components.lineage.kfp_mlflow import stage_job_env

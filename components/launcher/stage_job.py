@@ -1,7 +1,7 @@
 """What every stage component does: write the stage config, launch its job, read its results.
 
-The job is a PyTorchJob or a TrainJob on Kubernetes (`job_kinds.py` picks the kind), or the
-PyTorchJob manifest run as local processes (`local.py`).
+The job is a PyTorchJob or a TrainJob on Kubernetes (`kinds/choice.py` picks the kind), or the
+PyTorchJob manifest run as local processes (`local/runner.py`).
 
 A component passes its KFP inputs as URIs. The job's checkpoints and logs live under `job_root`
 (keyed by pipeline run and task, so a retried task resumes from its checkpoint), and its final
@@ -14,30 +14,18 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 import yaml
 
-from components.launcher.manifest import JobSpec, SecretEnv, build_pytorchjob, derive_job_name
-from components.launcher.platform import MLFLOW_SECRET_KEYS, check_allowed
-from components.reports.warnings import warnings_markdown
+from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+from components.launcher.pod.spec import JobSpec, SecretEnv, derive_job_name
+from components.launcher.settings.options import POD_OPTIONS, cluster_fields
+from components.launcher.settings.platform import MLFLOW_SECRET_KEYS, check_allowed
 from trainer.errors import ConfigError, LaunchError
 from trainer.storage import get_storage, join_uri
-from trainer.tracking.history import parse_records
 
 logger = logging.getLogger(__name__)
-
-
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def current_namespace() -> str:
-    """The namespace this pod runs in (where KFP runs the component), else `default`."""
-    try:
-        with open(SERVICE_ACCOUNT_NAMESPACE) as handle:
-            return handle.read().strip() or "default"
-    except OSError:
-        return "default"
 
 
 def run_label(run_id: str) -> str:
@@ -46,66 +34,25 @@ def run_label(run_id: str) -> str:
 
 
 @dataclass(kw_only=True, slots=True)
-class ClusterOptions:
-    """Where and how a stage's job runs. Fields named like JobSpec's pass straight to the manifest."""
+class LaunchFields:
+    """How a stage's job is launched besides the pod options (`settings/options.py`); `ClusterOptions` adds those."""
 
     mode: str = "local"
     """`local` (processes on this machine) or `kubernetes` (a PyTorchJob or a TrainJob)."""
-    job_kind: str = "auto"
-    """On Kubernetes: `trainjob`, `pytorchjob`, or `auto` (TrainJob where the cluster serves it, see job_kinds.py)."""
-    trainer_runtime: str = "torch-distributed"
-    """The TrainingRuntime or ClusterTrainingRuntime a TrainJob references (the chart's own by default)."""
     image: str = "alignflow-trainer:latest"
-    namespace: str = field(default_factory=current_namespace)
-    num_nodes: int = 1
-    """Pods; more than one runs an elastic PyTorchJob of Worker replicas (c10d rendezvous), or a TrainJob of that
-    many nodes (static rendezvous on node 0)."""
-    nproc_per_node: int = 1
-    gpus_per_node: int = 0
-    gpu_resource: str = "nvidia.com/gpu"
-    """The extended resource that counts GPUs."""
-    cpu_request: str | None = None
-    cpu_limit: str | None = None
-    memory_request: str | None = None
-    memory_limit: str | None = None
-    shm_size: str = "2Gi"
-    """Size of the in-memory /dev/shm of each pod."""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict] = field(default_factory=list)
-    affinity: dict = field(default_factory=dict)
-    service_account: str | None = None
-    priority_class: str | None = None
-    kueue_queue: str | None = None
-    """Kueue LocalQueue (the job's `kueue.x-k8s.io/queue-name` label); None: not queued by Kueue."""
-    active_deadline_seconds: int | None = None
-    """The operator stops the job after this long (`runPolicy.activeDeadlineSeconds`)."""
-    termination_grace_period_seconds: int = 30
-    """The least `terminationGracePeriodSeconds` of the pods: a stage whose `checkpoint.preemption_grace_seconds`
-    needs more gets that plus a margin (see `termination_grace_seconds`)."""
-    max_restarts: int = 3
-    """Elastic jobs: worker-group restarts torchrun allows (a restarted pod rejoining counts once)."""
-    run_as_user: int = 1000
-    run_as_group: int = 1000
-    s3_secret: str = ""
-    """Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty: none."""
-    mlflow_secret: str = ""
-    """Secret with MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN (each optional); empty: none."""
     env: dict[str, str] = field(default_factory=dict)
     """Plain environment of the job (never credentials)."""
     allowed_images: list[str] | None = None
-    """Trainer images or prefixes the platform allows (see platform.py); None: any."""
+    """Trainer images or prefixes the platform allows (see settings/platform.py); None: any."""
     allowed_secrets: list[str] | None = None
     """S3 Secrets the platform allows; None: any."""
-    timeout_seconds: float = 86400.0
-    """The launcher's own deadline for the whole job."""
-    pending_timeout_seconds: float = 900.0
-    """How long a pod may stay Pending for a reported reason (unschedulable, image pull) before the task fails."""
-    poll_seconds: float = 10.0
-    """How often the launcher looks at the job's pods, their events and the trainer's log."""
-    # Pod restarts inside the job; KFP's own task retries (pipelines/options.py) come on top. The operator fails
-    # the job once the running pods' restart count reaches backoffLimit, so 2 lets one restarted container (a
-    # worker of an elastic job rejoining) finish the job; 1 would fail it at its first restart.
-    backoff_limit: int = 2
+
+
+# Where and how a stage's job runs: `LaunchFields` and every pod option (settings/options.py). The options that
+# the job's spec carries pass straight to it (`stage_spec`).
+ClusterOptions = make_dataclass("ClusterOptions", cluster_fields(), bases=(LaunchFields,), kw_only=True, slots=True,
+                                namespace={"__module__": __name__, "__doc__": "Where and how a stage's job runs: "
+                                           "`LaunchFields` and the pod options (settings/options.py)."})
 
 
 def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:
@@ -147,18 +94,11 @@ def termination_grace_seconds(config: dict, cluster: ClusterOptions) -> int:
 def stage_spec(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
                config: dict | None = None) -> JobSpec:
     """What decides a stage's job, whatever its kind; `config` (the stage config) sets the pods' grace period."""
-    shared = {name: getattr(cluster, name) for name in JobSpec.__dataclass_fields__ if hasattr(cluster, name)}
-    shared.pop("env")
+    shared = {option.name: getattr(cluster, option.name) for option in POD_OPTIONS if option.in_job_spec}
     shared["termination_grace_period_seconds"] = termination_grace_seconds(config or {}, cluster)
-    return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri,
+    return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri, image=cluster.image,
                    secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
                    labels={"alignflow/run": run_label(run_id)})
-
-
-def stage_manifest(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
-                   config: dict | None = None) -> dict:
-    """The PyTorchJob manifest of a stage (what local mode runs, and the PyTorchJob kind creates)."""
-    return build_pytorchjob(stage_spec(stage, config_uri, run_id, task, cluster, config=config))
 
 
 def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: str, run_id: str, task: str,
@@ -178,14 +118,14 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
     spec = stage_spec(stage, config_uri, run_id, task, cluster, config=config)
     storage = get_storage(job_root)
     if cluster.mode == "local":
-        from components.launcher.local import run_local
+        from components.launcher.local.runner import run_local
 
         manifest = build_pytorchjob(spec)
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         run_local(manifest, timeout=cluster.timeout_seconds, log=print)
     else:
-        from components.launcher.job_kinds import choose_job_kind
-        from components.launcher.kubernetes import KubernetesLauncher, load_api_client
+        from components.launcher.follow.launcher import KubernetesLauncher, load_api_client
+        from components.launcher.kinds.choice import choose_job_kind
 
         api_client = load_api_client()
         kind = choose_job_kind(api_client, spec.namespace, cluster.job_kind, cluster.trainer_runtime)
@@ -195,52 +135,3 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         launcher.run(request, timeout=cluster.timeout_seconds)
     return json.loads(storage.read_bytes(join_uri(job_root, "final_metrics.json")))
-
-
-def sparkline(values: list[float]) -> str:
-    """A one-line plot of a curve, for Markdown reports."""
-    if not values:
-        return ""
-    bars = "▁▂▃▄▅▆▇█"
-    low, high = min(values), max(values)
-    span = (high - low) or 1.0
-    step = max(1, len(values) // 60)
-    return "".join(bars[int((v - low) / span * (len(bars) - 1))] for v in values[::step])
-
-
-def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: str) -> str:
-    """Markdown for the KFP UI: final metrics, curves of the logged metrics, the resolved config."""
-    storage = get_storage(job_root)
-    history_uri = join_uri(job_root, "metrics.jsonl")
-    # A line a kill cut short (or a blank one) is left out, as everywhere the history is read: the report of a
-    # finished stage must not fail on it.
-    history = parse_records(storage.read_bytes(history_uri).decode(errors="replace")) \
-        if storage.exists(history_uri) else []
-    lines = [f"# {stage}", *warnings_markdown(metrics), "", "| metric | value |", "|---|---|"]
-    lines += [f"| {key} | {value:.4g} |" for key, value in sorted(metrics.items()) if isinstance(value, (int, float))]
-    curves = ["loss", "episode/reward_mean", "episode/kl_to_ref", "eval/loss", "eval/accuracy"]
-    lines += ["", "## Curves", ""]
-    for key in curves:
-        values = [row[key] for row in history if key in row]
-        if len(values) > 1:
-            lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
-    samples_uri = join_uri(job_root, "samples.jsonl")
-    if storage.exists(samples_uri):
-        samples = parse_records(storage.read_bytes(samples_uri).decode(errors="replace"))
-        lines += ["", "## Sample generations (last episode)", "", "| prompt | response | score |", "|---|---|---|"]
-        lines += [f"| {_cell(s['prompt'])} | {_cell(s['response'])} | {s['score']:.3g} |" for s in samples]
-    run_uri = join_uri(job_root, "mlflow_run.json")
-    if storage.exists(run_uri):
-        run = json.loads(storage.read_bytes(run_uri))
-        from components.reports.links import stage_run_link  # ALIGNFLOW_MLFLOW_EXTERNAL_URL when set
-
-        link = stage_run_link(run)
-        where = f"[{run['run_id']}]({link})" if link else f"`{run['run_id']}` in `{run['tracking_uri']}`"
-        lines += ["", f"MLflow run: {where}"]
-    lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")[:200]

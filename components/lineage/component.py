@@ -47,10 +47,10 @@ def open_lineage(
 def finish_run(run_id: str, status: dsl.PipelineTaskFinalStatus, launcher_mode: str = "kubernetes") -> str:
     """The pipelines' exit handler: delete the run's training jobs, then close its MLflow parent run.
 
-    Runs however the stages ended. The jobs go as `cleanup_jobs` deletes them (labelled
-    alignflow/run); the parent run is marked FINISHED, FAILED or KILLED after KFP's final state. An
-    exit task may depend on no other task, so the parent run is found by its KFP run id tag. A run KFP's MLflow integration opened is left for
-    KFP to close.
+    Runs however the stages ended. The run's jobs (labelled alignflow/run, of every kind the run may
+    have used) are deleted; the parent run is marked FINISHED, FAILED or KILLED after KFP's final state. An
+    exit task may depend on no other task, so the parent run is found by its KFP run id tag. A run KFP's MLflow
+    integration opened is left for KFP to close.
 
     Args:
         run_id: The KFP run id.

@@ -165,16 +165,16 @@ def open_pipeline_run(*, pipeline: str, version: str, kfp_run_id: str, datasets:
 
 
 def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
-    """Delete the run's jobs (PyTorchJobs or TrainJobs labelled alignflow/run) in this pod's namespace, as
-    `cleanup_jobs` does; `local` mode has none (the local launcher stops its processes itself)."""
+    """Delete the run's jobs (PyTorchJobs or TrainJobs labelled alignflow/run) in this pod's namespace, of
+    every kind the platform's setting allows; `local` mode has none (the local launcher stops its processes itself)."""
     if launcher_mode != "kubernetes":
         return []
-    from components.launcher import kubernetes
-    from components.launcher.platform import PlatformDefaults
-    from components.launcher.stage_job import current_namespace, run_label
+    from components.launcher.follow.launcher import delete_run_jobs as delete_jobs
+    from components.launcher.settings.options import current_namespace
+    from components.launcher.settings.platform import PlatformDefaults
+    from components.launcher.stage_job import run_label
 
-    deleted = kubernetes.delete_run_jobs(current_namespace(), run_label(kfp_run_id),
-                                         PlatformDefaults.from_environment().job_kind)
+    deleted = delete_jobs(current_namespace(), run_label(kfp_run_id), PlatformDefaults.from_environment().job_kind)
     logger.info("deleted %d job(s): %s", len(deleted), ", ".join(deleted) or "-")
     return deleted
 

@@ -3,7 +3,7 @@
 They run on a Kubeflow Trainer v2 cluster (TrainJobs, the kind a cluster set up today runs); the pending
 limit runs on a Training Operator cluster (PyTorchJobs) too. A PyTorchJob's cancellation and deletion from
 outside are the launcher's shared code, tested against the Kubernetes stand-in for PyTorchJobs
-(tests/components/launcher/test_cancellation.py, test_api_failures.py); here they would cost a
+(tests/components/launcher/follow/test_cancellation.py, test_api_failures.py); here they would cost a
 pipeline run each.
 
 - a missing Secret or ConfigMap stops the first component pod (the kubelet's CreateContainerConfigError)
@@ -111,7 +111,7 @@ def test_unschedulable_job_is_reported_and_cancelling_the_run_deletes_it(sandbox
 
 
 # A PyTorchJob's pending pods are reported by the same launcher code (pods.py), tested against the Kubernetes
-# stand-in (tests/components/launcher/test_pending.py); its run here is `slow`, to keep the suite in budget.
+# stand-in (tests/components/launcher/follow/test_pending_pods.py); its run here is `slow`, to keep the suite in budget.
 @pytest.mark.parametrize("kind", [KINDS["trainjob"], pytest.param(KINDS["pytorchjob"], marks=pytest.mark.slow)],
                          ids=["trainjob", "pytorchjob"])
 def test_pending_limit_from_the_charts_configmap_fails_the_task_with_the_pending_reason(

@@ -141,7 +141,7 @@ CHOICES = {
 def test_the_job_kind_follows_what_the_cluster_serves(sandbox, tmp_path, caplog):
     """What `ALIGNFLOW_JOB_KIND` chooses on each kind of cluster, before anything is created; discovery needs no
     RBAC rule."""
-    from components.launcher.job_kinds import choose_job_kind
+    from components.launcher.kinds.choice import choose_job_kind
     from trainer.errors import LaunchError
 
     for number, ((serves, runtime), expectations) in enumerate(CHOICES.items()):
@@ -153,7 +153,7 @@ def test_the_job_kind_follows_what_the_cluster_serves(sandbox, tmp_path, caplog)
                 case = f"{sorted(serves)}, runtime {runtime}, {setting}"
                 if expected in ("TrainJob", "PyTorchJob"):
                     caplog.clear()
-                    with caplog.at_level("INFO", logger="components.launcher.job_kinds"):
+                    with caplog.at_level("INFO", logger="components.launcher.kinds.choice"):
                         assert choose_job_kind(api_client, NS, setting, RUNTIME).kind == expected, case
                     assert f"job kind: {expected} (ALIGNFLOW_JOB_KIND={setting}" in caplog.text, case
                 else:
@@ -164,8 +164,8 @@ def test_the_job_kind_follows_what_the_cluster_serves(sandbox, tmp_path, caplog)
             assert cluster.api.calls("create") == []
 
 def launcher_for(cluster: Cluster):
-    from components.launcher.kubernetes import KubernetesLauncher
-    from components.launcher.trainjob import TrainJobKind
+    from components.launcher.follow.launcher import KubernetesLauncher
+    from components.launcher.kinds.trainjob.kind import TrainJobKind
 
     api_client = cluster.client()
     return KubernetesLauncher(api_client, kind=TrainJobKind(api_client, NS, RUNTIME), poll_seconds=0.5)
@@ -176,7 +176,7 @@ def shell_request(name: str, script: str, *options):
     from kubeflow.trainer import CustomTrainerContainer
     from kubeflow.trainer.options import Labels, Name, TrainerCommand
 
-    from components.launcher.trainjob_request import TrainJobRequest
+    from components.launcher.kinds.trainjob.request import TrainJobRequest
 
     return TrainJobRequest(NS, name, CustomTrainerContainer(image=IMAGE),
                            [Name(name), Labels({"alignflow/run": "run-1"}), TrainerCommand(["sh", "-c", script]),

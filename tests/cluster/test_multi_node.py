@@ -108,17 +108,17 @@ class Nodes:
 
 def launch_stage(cluster: Cluster, kind, options, config: dict, config_uri: str, run_id: str):
     """What a stage component does on Kubernetes, for `kind`; returns (job name, thread, outcome)."""
-    from components.launcher.kubernetes import KubernetesLauncher
+    from components.launcher.follow.launcher import KubernetesLauncher
     from components.launcher.stage_job import stage_spec
 
     spec = stage_spec("sft", config_uri, run_id, "sft", options, config=config)
     api_client = cluster.client()
     if kind.name == "trainjob":
-        from components.launcher.trainjob import TrainJobKind
+        from components.launcher.kinds.trainjob.kind import TrainJobKind
 
         job_kind = TrainJobKind(api_client, NAMESPACE, options.trainer_runtime)
     else:
-        from components.launcher.pytorchjob import PyTorchJobKind
+        from components.launcher.kinds.pytorchjob.kind import PyTorchJobKind
 
         job_kind = PyTorchJobKind(api_client)
     request = job_kind.build(spec)

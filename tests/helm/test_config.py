@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -121,9 +120,10 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
 
 
 def test_scheduling_values_become_the_keys_the_launcher_reads():
-    """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/test_scheduling.py)."""
+    """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/settings/test_scheduling.py)."""
     from components.launcher.component_io import cluster_options
-    from components.launcher.stage_job import stage_manifest
+    from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+    from components.launcher.stage_job import stage_spec
 
     data = config({"s3": {"retrySeconds": 60},
                    "scheduling": {"affinity": AFFINITY, "shmSize": "16Gi", "activeDeadlineSeconds": 172800,
@@ -137,7 +137,7 @@ def test_scheduling_values_become_the_keys_the_launcher_reads():
         "8", "16", "64Gi", "96Gi", "16Gi", "172800", "600", "60"]
     cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1,
                                "gpus_per_node": 1, "s3_secret": ""}, data)
-    job = stage_manifest("sft", "s3://b/sft.yaml", "run-1", "sft", cluster)
+    job = build_pytorchjob(stage_spec("sft", "s3://b/sft.yaml", "run-1", "sft", cluster))
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["affinity"] == AFFINITY and pod["containers"][0]["resources"]["limits"]["memory"] == "96Gi"
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 172800 and cluster.pending_timeout_seconds == 600
@@ -177,9 +177,8 @@ def test_keys_are_environment_variable_names_the_jobs_load():
 def test_every_key_the_pipelines_map_into_component_pods_exists():
     """pipelines/options.py maps DEFAULTS_KEYS into each component pod with configMapKeyRefs, which are not
     optional: a key missing here would stop every component pod from starting."""
-    tree = ast.parse((Path(__file__).parents[2] / "pipelines" / "options.py").read_text())
-    [keys] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-              and any(isinstance(t, ast.Name) and t.id == "DEFAULTS_KEYS" for t in node.targets)]
+    from pipelines.options import DEFAULTS_KEYS as keys
+
     data = config({})
     assert set(keys) <= set(data), set(keys) - set(data)
     assert data["ALIGNFLOW_DEFAULTS_CONFIGMAP"] == one(render({}), "ConfigMap")["metadata"]["name"]

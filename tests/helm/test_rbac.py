@@ -48,10 +48,10 @@ CLIENT_METHOD = re.compile(r"^(create|read|get|list|patch|replace|delete|delete_
 API_GROUP, RESOURCE = re.compile(r"[a-z0-9-]+(\.[a-z0-9-]+)+"), re.compile(r"[a-z0-9]+")
 
 # The SDK reads Kubeflow Trainer's version ConfigMap in `kubeflow-system` when its client starts, and carries on
-# when refused (components/launcher/trainjob.py holds back its warning): nothing in that namespace is granted.
+# when refused (components/launcher/kinds/trainjob/kind.py holds back its warning): nothing in that namespace is granted.
 SDK_REFUSED = {("", "configmaps", "get")}
 
-# Calls another change to components/launcher/kubernetes.py is adding (pods listed and read for the reason a
+# Calls another change to components/launcher/follow/launcher.py is adding (pods listed and read for the reason a
 # replica is Pending, the namespace's events for scheduling failures). Once the code makes them, they are
 # found by the scan and this set is redundant; it never grants anything the scan would refuse.
 ANNOUNCED = {("", "pods", "get"), ("", "events", "list")}
@@ -59,7 +59,7 @@ ANNOUNCED = {("", "pods", "get"), ("", "events", "list")}
 
 def module_constants(path: Path, seen: frozenset[Path] = frozenset()) -> dict[str, str]:
     """Module-level string constants of a source file, including `A, B = "x", "y"` and names it imports
-    from other modules of this project (`from components.launcher.job_watch import GROUP`)."""
+    from other modules of this project (`from components.launcher.kinds.pytorchjob.watch import GROUP`)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     constants: dict[str, str] = {}
     for node in tree.body:

@@ -287,7 +287,7 @@ def test_a_10_mb_line_is_read_in_seconds(capsys, tmp_path, tiny_model, task_file
 @pytest.mark.parametrize(("lr", "warning"), [(1e6, "loss did not fall over the run"), (2e-3, None)])
 def test_a_loss_that_does_not_fall_is_a_warning_in_the_log_the_final_metrics_and_the_report(
         lr, warning, capsys, tmp_path, tiny_model, task_files):
-    from components.launcher.stage_job import stage_report
+    from components.reports.stage import stage_report
 
     # 8 steps, each logged. lr 1e6: one step to finite but ruined weights (a uniform next-token distribution),
     # then flat: 4.668, 4.615, 4.615, ... Exported all the same (exit 0): the user decides.

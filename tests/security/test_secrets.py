@@ -82,8 +82,8 @@ def test_planted_secrets_appear_in_no_log_file_param_or_tag(planted, mlflow_serv
             if hits := leaks(f"{key}={value}", planted):
                 found[f"MLflow {kind} {key}"] = hits
     # The KFP reports a stage component publishes from the same output (Markdown and HTML plot).
-    from components.launcher.stage_job import stage_report
     from components.reports.curves import stage_html
+    from components.reports.stage import stage_report
 
     final = json.loads((tmp_path / "out" / "final_metrics.json").read_text())
     for name, report in (("Markdown report", stage_report("sft", {}, final, str(tmp_path / "out"))),

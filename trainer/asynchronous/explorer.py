@@ -44,8 +44,8 @@ from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import engine_setup
 from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
-from trainer.online.reward_sources import build_scorer
 from trainer.online.rollout import generate_and_score
+from trainer.rewards.weighted import build_weighted_scorer
 from trainer.runtime import pick_device, read_distributed_env
 from trainer.tracking.timing import PhaseTimer
 
@@ -76,7 +76,7 @@ class Explorer:
         self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
-        self.scorer = build_scorer(config, self.device)
+        self.scorer = build_weighted_scorer(config, self.device)
         self.agent = build_agent_rollout(config.environment, self.tokenizer)  # multi-turn episodes, when set
         self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
                                         config.data.skip_bad_rows).examples

@@ -21,12 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from trainer.config import OnlineStageConfig
 from trainer.errors import RewardError
 from trainer.online.reward_registry import RewardAllowList, RewardFunction, resolve_reward_function
 
 if TYPE_CHECKING:
-    from trainer.parallel.booster import Plugin
+    pass
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
@@ -140,15 +139,3 @@ def _last_action_values(values: Tensor, action_mask: Tensor) -> Tensor:
     positions = torch.arange(action_mask.shape[1], device=action_mask.device)
     last = (action_mask * positions).argmax(dim=1)
     return values.gather(1, last.unsqueeze(1)).squeeze(1).float()
-
-
-def build_scorer(config: OnlineStageConfig, device: torch.device, plugin: Plugin | None = None) -> Any:
-    """The configured reward: the weighted sum of `reward.sources` (or of the one source that
-    `reward.function` or `reward.model_path` names), see `trainer.rewards.weighted`.
-
-    With an FSDP2 `plugin` a reward model loads straight into shards (each rank holds 1/world); its
-    forward is then a collective, which holds because every rank scores each of its rollouts once.
-    """
-    from trainer.rewards.weighted import build_weighted_scorer
-
-    return build_weighted_scorer(config, device, plugin)

@@ -32,8 +32,8 @@ from trainer.modeling.models import load_causal_lm, load_frozen, load_value_mode
 from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.experience import ReplayBuffer
 from trainer.online.loop import PPOTrainer, trainer_class
-from trainer.online.reward_sources import build_scorer
 from trainer.parallel.booster import Booster, Plugin, build_booster
+from trainer.rewards.weighted import build_weighted_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     # are then collectives: each rank generates (synced_gpus), scores and runs the reference on its own
     # rollout_batch_size rows once per collect step, so the calls line up across ranks.
     plugin = context.plugin
-    scorer = build_scorer(config, plugin.device, plugin=plugin)
+    scorer = build_weighted_scorer(config, plugin.device, plugin=plugin)
     reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) if needs_reference(config) else None
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model, plugin=plugin)

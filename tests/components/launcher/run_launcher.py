@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from tests.components.launcher.test_kubernetes import launcher_for_host, manifest
+from tests.components.launcher.follow.test_launcher import launcher_for_host, manifest
 
 
 def main(host: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.launcher.stage_job import PREEMPTION_MARGIN_SECONDS, ClusterOptions, stage_manifest
+from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+from components.launcher.stage_job import PREEMPTION_MARGIN_SECONDS, ClusterOptions, stage_spec
 from tests.components.launcher.crd import pytorchjob_validator
 from trainer.errors import ConfigError
 
@@ -17,7 +18,7 @@ def pod_of(job: dict) -> dict:
 
 def job_for(config: dict | None, **cluster) -> dict:
     options = ClusterOptions(mode="kubernetes", image="registry/alignflow-trainer:1", namespace="ml", **cluster)
-    return stage_manifest("sft", "s3://runs/r/sft.yaml", "run-1", "sft", options, config=config)
+    return build_pytorchjob(stage_spec("sft", "s3://runs/r/sft.yaml", "run-1", "sft", options, config=config))
 
 
 def shutdown_timeout(pod: dict) -> str:

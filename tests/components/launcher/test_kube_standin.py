@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.components.launcher.follow.test_launcher import NAME, manifest
 from tests.components.launcher.kube_standin import KubeStandIn
-from tests.components.launcher.test_kubernetes import NAME, manifest
 
 GROUP = ("kubeflow.org", "v1", "ml", "pytorchjobs")
 

@@ -55,7 +55,7 @@ def test_links_prefer_the_external_url_and_never_carry_credentials(tracking_uri,
 
 
 def test_stage_markdown_report_links_through_the_external_url(tmp_path, monkeypatch):
-    from components.launcher.stage_job import stage_report
+    from components.reports.stage import stage_report
 
     monkeypatch.setenv("ALIGNFLOW_MLFLOW_EXTERNAL_URL", "https://mlflow.corp")
     (tmp_path / "mlflow_run.json").write_text(json.dumps({"tracking_uri": "http://af-mlflow.ml:5000",
@@ -66,7 +66,7 @@ def test_stage_markdown_report_links_through_the_external_url(tmp_path, monkeypa
 
 
 def test_stage_markdown_report_leaves_out_a_cut_or_blank_history_line(tmp_path):
-    from components.launcher.stage_job import stage_report
+    from components.reports.stage import stage_report
 
     lines = [json.dumps({"step": step, "loss": 2.0 - step / 4}) for step in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("\n".join([lines[0], "", lines[1], lines[2], '{"step": 4, "lo']) + "\n")

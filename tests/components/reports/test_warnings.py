@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from components.launcher.stage_job import stage_report
 from components.reports.curves import stage_html
+from components.reports.stage import stage_report
 
 WARNING = "loss did not fall over the run: 4.624 over the first 6 logged points, 4.615 over the last 6 <steps>"
 

@@ -67,7 +67,8 @@ def trainer_stage(ctx: Context) -> str:
     from S3 and writing to a relative output_dir (the image's WORKDIR must be the user's), with no tracking URI."""
     import boto3
 
-    from components.launcher import JobSpec, build_pytorchjob
+    from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
+    from components.launcher.pod.spec import JobSpec
     from trainer.tiny.model import write_tiny_model
     from trainer.tiny.task import write_task
 
