@@ -43,6 +43,7 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
         values = [row[key] for row in history if key in row]
         if len(values) > 1:
             lines.append(f"- `{key}` {values[0]:.3g} `{sparkline(values)}` {values[-1]:.3g}")
+    lines += time_breakdown(history)
     samples_uri = join_uri(job_root, "samples.jsonl")
     if storage.exists(samples_uri):
         samples = parse_records(storage.read_bytes(samples_uri).decode(errors="replace"))
@@ -58,6 +59,22 @@ def stage_report(stage: str, config: dict, metrics: dict[str, float], job_root: 
         lines += ["", f"MLflow run: {where}"]
     lines += ["", "## Config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def time_breakdown(history: list[dict]) -> list[str]:
+    """Markdown lines: where an online stage's steps spent their time (the `perf/time/*` keys every online step
+    logs, summed over the steps), and its throughput over all of them; nothing for a stage without them."""
+    steps = [row for row in history if "perf/time/step" in row]
+    if not steps:
+        return []
+    total = sum(row["perf/time/step"] for row in steps)
+    phases = sorted({key for row in steps for key in row if key.startswith("perf/time/") and key != "perf/time/step"})
+    seconds = {key.removeprefix("perf/time/"): sum(row.get(key, 0.0) for row in steps) for key in phases}
+    completions = sum(row["perf/completions_per_second"] * row["perf/time/step"] for row in steps)
+    lines = ["", f"## Where the time went ({len(steps)} steps, {total:.1f} s, {completions / total:.3g} completions/s)",
+             "", "| phase | seconds | share |", "|---|---|---|"]
+    lines += [f"| {name} | {value:.2f} | {value / total:.0%} |" for name, value in seconds.items() if value > 0]
+    return lines
 
 
 def table_cell(text: str) -> str:

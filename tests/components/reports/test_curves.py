@@ -74,3 +74,19 @@ def test_stage_markdown_report_leaves_out_a_cut_or_blank_history_line(tmp_path):
     report = stage_report("sft", {}, {"loss": 1.25}, str(tmp_path))
     assert "- `loss` 1.75 " in report and report.split("- `loss` ")[1].split("\n")[0].endswith(" 1.25")
     assert "| 1+1= | 2 | 1 |" in report
+
+
+def test_stage_markdown_report_says_where_an_online_stages_time_went(tmp_path):
+    from components.reports.stage import stage_report
+
+    # Two episodes of 10 s and 30 s: generation 4 + 12, update 5 + 15, no reference; 8 completions each.
+    rows = [{"step": 1, "perf/time/step": 10.0, "perf/time/generate": 4.0, "perf/time/update": 5.0,
+             "perf/time/logps_ref": 0.0, "perf/completions_per_second": 0.8},
+            {"step": 2, "perf/time/step": 30.0, "perf/time/generate": 12.0, "perf/time/update": 15.0,
+             "perf/time/logps_ref": 0.0, "perf/completions_per_second": 8 / 30}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = stage_report("grpo", {}, {}, str(tmp_path))
+    assert "## Where the time went (2 steps, 40.0 s, 0.4 completions/s)" in report
+    assert "| generate | 16.00 | 40% |" in report and "| update | 20.00 | 50% |" in report
+    assert "logps_ref" not in report  # a phase that never ran is left out
+    assert "Where the time went" not in stage_report("sft", {}, {}, str(tmp_path / "nothing"))
