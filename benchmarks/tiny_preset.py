@@ -46,10 +46,10 @@ STAGE_PARAMETERS = {
     "ppo": {"ppo_lr": "lr", "ppo_episodes": "num_episodes", "ppo_kl_coef": "kl_coef",
             "ppo_reward_function": "reward_function", "ppo_settings": "settings"},
     "grpo": {"grpo_lr": "lr", "grpo_episodes": "num_episodes", "grpo_generations": "num_generations",
-             "grpo_settings": "settings", "reward_function": "reward_function"},
+             "grpo_settings": "settings", "reward_function": "reward_function", "environment": "environment"},
 }
 STAGES = {"rlhf-dpo": ("dpo",), "rlhf-ppo": ("rm", "ppo"), "rlhf-grpo": ("grpo",), "rlhf-kto": ("kto",),
-          "rlhf-orpo": ("orpo",)}
+          "rlhf-orpo": ("orpo",), "rlhf-agent": ("grpo",)}
 # The datasets a stage trains and evaluates on (pipeline parameters), as the pipelines wire them.
 STAGE_DATA = {"kto": ("unpaired_train_uri", "unpaired_eval_uri"), "ppo": ("prompts_uri", "eval_prompts_uri"),
               "grpo": ("prompts_uri", "eval_prompts_uri")}
