@@ -40,9 +40,9 @@ def test_following_a_running_trainjob_costs_two_calls_per_poll(trainer_cluster):
 
 
 def test_a_trainjob_kueue_holds_is_reported_as_queued_with_the_queues_reason(trainer_cluster):  # noqa: F811
-    from components.launcher.job_kind import JobState
     from kubernetes import client as k8s
 
+    from components.launcher.kinds.interface import JobState
     from components.launcher.shared.retry import RetryPolicy
 
     # What Kueue's webhook leaves of a job submitted to a LocalQueue: suspended until its Workload is admitted.

@@ -102,10 +102,9 @@ def test_the_sdks_own_client_is_accepted_and_a_foreign_token_is_not(status_clust
 
 
 def test_the_launchers_trainjobs_are_valid_for_trainer_v2_4(status_cluster):
-    from components.launcher.trainjob_request import build_trainjob_request
-
-    from components.launcher import JobSpec
     from components.launcher.kinds.trainjob.kind import TrainJobKind
+    from components.launcher.kinds.trainjob.request import build_trainjob_request
+    from components.launcher.pod.spec import JobSpec
     from components.launcher.shared.retry import RetryPolicy
 
     spec = JobSpec(name="af-dpo-v24", stage="dpo", config_uri="s3://bucket/run/dpo.yaml", image=IMAGE, namespace=NS,
