@@ -140,6 +140,9 @@ def capture_task_logs(directory: Path, display: RunDisplay, verbose: bool = Fals
         with contextlib.redirect_stdout(router), contextlib.redirect_stderr(router):
             yield router
     finally:
-        root.removeHandler(handler)
+        # Any handler left writing to the router (ours, or one a library's basicConfig made on the redirected
+        # stderr) would write to a closed stream after the block: each record would then print a logging error.
+        for stale in [h for h in root.handlers if getattr(h, "stream", None) is router]:
+            root.removeHandler(stale)
         root.setLevel(level)
         router.close()

@@ -99,3 +99,13 @@ def test_lines_outside_any_task_go_to_the_pipeline_log_and_silence_writes_nothin
     assert (tmp_path / "logs" / "pipeline.log").read_text() == ("Running pipeline: 'rlhf-dpo'\n"
                                                               "Pipeline 'rlhf-dpo' finished with status SUCCESS\n")
     assert "closed run abc" in (tmp_path / "logs" / "finish-run.log").read_text()
+
+
+def test_no_handler_is_left_writing_to_the_closed_log_after_the_block(tmp_path, capsys):
+    with capture_task_logs(tmp_path / "logs", RecordingDisplay()):
+        logging.basicConfig(stream=sys.stderr)  # as an in-process entry point's logging setup does
+    handlers = logging.getLogger().handlers
+    assert not [h for h in handlers if isinstance(h, logging.StreamHandler) and h.stream.__class__.__name__ ==
+                "TaskLogRouter"]
+    logging.warning("after the block")
+    assert "Logging error" not in capsys.readouterr().err
