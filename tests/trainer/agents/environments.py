@@ -50,3 +50,8 @@ class MarkedEchoEnvironment(EchoEnvironment):
         with open(os.environ["AGENT_TEST_MARKER"], "a") as marker:
             marker.write("step\n")
         return super().step(turn)
+
+
+def shorter_answers(prompt: str, completion: str, answer: str | None) -> float:
+    """A reward that differs between an episode's samples from the first step: the shorter the last turn, the more."""
+    return -len(completion) / 8

@@ -1,0 +1,96 @@
+"""Multi-turn episodes sampled by vLLM: the same trajectories as `hf` when greedy, and a GRPO stage that trains on them.
+
+Runs only in the vLLM environment (`make test-vllm`); elsewhere the module is skipped. The agent loop hands the
+engine token-id prompts (the episode so far) and keeps the ids it sampled, so each turn after the first is a prompt
+vLLM never saw as text: greedy agreement over three turns checks that nothing is re-tokenized on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from tests.conftest import make_config  # noqa: E402
+from trainer.agents.rollout import AgentRollout  # noqa: E402
+from trainer.config import GenerationConfig, ModelConfig, RolloutConfig  # noqa: E402
+from trainer.config.environment import EnvironmentConfig  # noqa: E402
+from trainer.modeling.models import load_causal_lm, load_tokenizer  # noqa: E402
+from trainer.online.engine_registry import build_rollout_engine  # noqa: E402
+from trainer.online.engines import EngineSetup, HFGenerateEngine  # noqa: E402
+from trainer.online.reward_sources import FunctionScorer, load_reward_function  # noqa: E402
+from trainer.online.stages import run_online_stage  # noqa: E402
+from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
+from trainer.tiny.agent_task import write_agent_task  # noqa: E402
+
+CPU = torch.device("cpu")
+# "go N" answers every turn (tests/trainer/agents/environments.py), so every episode lasts max_turns turns.
+ECHO = "echo=tests.trainer.agents.environments:EchoEnvironment"
+GREEDY = GenerationConfig(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def agent_files(tmp_path_factory):
+    return write_agent_task(tmp_path_factory.mktemp("agent-task"), num_train=64, num_eval=8)
+
+
+def prompt_rows(agent_files, count=8):
+    return [json.loads(line) for line in agent_files["eval_prompts"].read_text().splitlines()][:count]
+
+
+def test_greedy_episodes_equal_hf_turn_for_turn(vllm_start_model, agent_files, monkeypatch):
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ECHO)
+    actor = load_causal_lm(ModelConfig(path=str(vllm_start_model)))
+    tokenizer = load_tokenizer(str(vllm_start_model))
+    engine = build_rollout_engine(RolloutConfig(engine="vllm"), actor, EngineSetup(str(vllm_start_model)))
+    assert isinstance(engine, VLLMEngine)
+    scorer = FunctionScorer(load_reward_function("tiny_calculator"))
+    rows = prompt_rows(agent_files)
+    try:
+        engine.sync_from(actor)
+        episodes = {}
+        for name, sampler in (("vllm", engine), ("hf", HFGenerateEngine(actor))):
+            agent = AgentRollout(EnvironmentConfig(name="echo", max_turns=3, max_total_tokens=64), tokenizer)
+            episodes[name] = agent.generate_and_score(sampler, tokenizer, rows, GREEDY, CPU, scorer)
+    finally:
+        engine.close()
+
+    vllm_run, hf_run = episodes["vllm"], episodes["hf"]
+    for key in ("input_ids", "attention_mask", "action_mask"):
+        assert torch.equal(vllm_run.batch[key], hf_run.batch[key]), key
+    assert vllm_run.trajectories == hf_run.trajectories
+    assert vllm_run.metrics["agent/turns_per_episode"] == 3.0  # three turns, two observations between them
+    assert all(text.count("⟦") == 2 for text in vllm_run.trajectories), vllm_run.trajectories
+    assert vllm_run.engine_logps is not None and hf_run.engine_logps is None  # the log-probs are vLLM's own
+
+
+def test_multi_turn_grpo_samples_with_vllm_and_trains_on_the_episodes(tmp_path, vllm_tiny_model, agent_files,
+                                                                      monkeypatch):
+    # The untrained model: its turns end at a stop character after a few tokens, so the last turns' lengths (and
+    # with them this reward) differ between an episode's samples; episodes in `echo` last two turns
+    # unless their token budget ends them first.
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ECHO)
+    monkeypatch.setenv("ALIGNFLOW_REWARD_FUNCTIONS", "shorter=tests.trainer.agents.environments:shorter_answers")
+    config = make_config("grpo", tmp_path / "run", vllm_tiny_model, agent_files["prompts"],
+                         optimizer={"lr": 1e-3, "warmup_steps": 0, "scheduler": "constant"},
+                         train={"micro_batch_size": 16}, data={"max_length": 32},
+                         generation={"max_new_tokens": 8, "temperature": 1.0, "stop": list(string.ascii_lowercase[:20])},
+                         reward={"function": "shorter"}, rollout={"engine": "vllm"},
+                         environment={"name": "echo", "max_turns": 2, "max_total_tokens": 32},
+                         grpo={"num_episodes": 2, "rollout_batch_size": 4, "num_generations": 4, "mini_batch_size": 16})
+    run_online_stage(config)
+
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    episodes = [line for line in lines if "agent/turns_per_episode" in line]
+    assert len(episodes) == 2 and all(1.0 < line["agent/turns_per_episode"] <= 2.0 for line in episodes), lines
+    assert all(line["rewards/shorter/std"] > 0 for line in episodes), lines  # something to learn from
+    # The correction (on with vllm) weighed the episodes by vLLM's own log-probs of the model's tokens.
+    assert all(abs(line["rollout_correction/kl"]) < 1e-4 for line in episodes), lines
+    start, trained = (load_file(path / "model.safetensors") for path in (vllm_tiny_model, tmp_path / "run" / "model"))
+    assert any(not torch.equal(start[name], trained[name]) for name in start)  # the episodes were trained on
