@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,21 @@ def pytest_configure(config):
         from pipelines.catalog import pipelines
 
         pipelines()
+
+
+@pytest.fixture(autouse=True)
+def root_logger_left_as_found():
+    """Drop the stream handlers a test's in-process entry point added to the root logger (`logging.basicConfig`).
+
+    Such a handler keeps writing to the stream of the test that made it, which pytest closes: every later record
+    then prints a logging error onto whatever stderr is at that time, which a later test may be reading.
+    """
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

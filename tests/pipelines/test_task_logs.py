@@ -103,7 +103,7 @@ def test_lines_outside_any_task_go_to_the_pipeline_log_and_silence_writes_nothin
 
 def test_no_handler_is_left_writing_to_the_closed_log_after_the_block(tmp_path, capsys):
     with capture_task_logs(tmp_path / "logs", RecordingDisplay()):
-        logging.basicConfig(stream=sys.stderr)  # as an in-process entry point's logging setup does
+        logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))  # as a library's logging setup may
     handlers = logging.getLogger().handlers
     assert not [h for h in handlers if isinstance(h, logging.StreamHandler) and h.stream.__class__.__name__ ==
                 "TaskLogRouter"]
