@@ -123,8 +123,9 @@ class Explorer:
         behaviour_logps = rollout.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
         if behaviour_logps is None:
             behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
+        # Multi-turn episodes' `agent/*` travel with the batch (JSON metadata in the buffer); the trainer logs them.
         return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
-                          behaviour_logps=behaviour_logps.cpu(), version=self.version)
+                          behaviour_logps=behaviour_logps.cpu(), version=self.version, info=dict(rollout.metrics))
 
     def run(self, num_batches: int | None = None) -> int:
         """Produce the batches after the buffer's last one up to `num_batches` (default `total_steps`),

@@ -1,5 +1,6 @@
 """Every online estimator trains on multi-turn episodes unchanged: advantages, values and the loss only on model tokens."""
 
+import dataclasses
 import math
 
 import pytest
@@ -65,6 +66,16 @@ def test_the_asynchronous_explorer_runs_episodes(tmp_path, tiny_model, agent_fil
     assert max(turns_per_row) > 1  # episodes of several model turns, observation tokens between them
     off_action = experience.action_mask == 0
     assert (experience.behaviour_logps[off_action] == 0).all()  # staleness weights only on the model's tokens
+    # The episodes' agent/* cross the buffer with the batch, and the trainer logs their mean over its batches.
+    from trainer.asynchronous.buffer import decode_experience, encode_experience
+    from trainer.asynchronous.verl.verl_trainer import agent_metrics
+
+    received = decode_experience(encode_experience(experience), "batch-1")
+    assert received.info["agent/turns_per_episode"] == sum(turns_per_row) / len(turns_per_row)
+    other = dataclasses.replace(received, info={**received.info, "agent/turns_per_episode": 1.0})
+    mean = agent_metrics([received, other])
+    assert mean["agent/turns_per_episode"] == (received.info["agent/turns_per_episode"] + 1.0) / 2
+    assert mean.keys() == {key for key in received.info if key.startswith("agent/")}
 
 
 def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_files):

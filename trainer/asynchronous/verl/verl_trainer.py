@@ -192,6 +192,7 @@ class TorchTrainEngine(TrainEngineWrapper):
         if isinstance(config, GRPOConfig):  # dynamic sampling, truncated responses, overlong penalty
             metrics |= grpo_metrics(data.batch.info)
         metrics |= self._update_kl_coef(data.batch)
+        metrics |= agent_metrics(batch_exps)
         mask = data.batch.action_mask
         metrics |= timer.metrics(tokens=float(mask.sum()), completions=float(len(mask)))
         self.last_metrics = metrics
@@ -278,3 +279,9 @@ def decode_samples(tokenizer: Any, batch: Experience, count: int) -> list[dict]:
                         "response": tokenizer.decode(ids[action.bool()].tolist(), skip_special_tokens=True),
                         "score": score})
     return samples
+
+
+def agent_metrics(batches: list[Experience]) -> dict[str, float]:
+    """The mean over `batches` of the `agent/*` the explorer measured on each one's episodes (none for one-turn rows)."""
+    keys = sorted({key for batch in batches for key in batch.info if key.startswith("agent/")})
+    return {key: sum(batch.info.get(key, 0.0) for batch in batches) / len(batches) for key in keys}
