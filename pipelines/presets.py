@@ -60,15 +60,20 @@ TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo
 # had nothing left to add (0.50 after), so its SFT stops at 10 epochs.
 TINY_VLLM = {name: {**TINY[name], "rollout_engine": "vllm", "sft_epochs": 10} for name in ("rlhf-grpo", "rlhf-ppo")}
 # rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
-# are one tool call, its result and the answer (about 100 tokens: the tiny tokenizer spells the call character by
-# character). NOT YET TUNED: the gate has not been seen to open on this CPU (docs/agents.md, "Not done yet").
+# are one tool call, its result and the answer (about 85 model tokens: the tiny tokenizer spells the call character by
+# character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
+# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81. GRPO then samples at
+# temperature 0.5 (at 0.7 almost no episode succeeds) with a small learning rate (2e-4 and more lose accuracy): at
+# seed 42 its sampled reward rose 0.39 -> 0.58 and held-out accuracy 0.81 -> 0.84, so the gate opens by two answers
+# (docs/agents.md; one seed, 3 December 2026).
 TINY_AGENT = {"rlhf-agent": {
-    "sft_lr": 3e-3, "sft_epochs": 6, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
+    "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
     "max_new_tokens": 80,
     "sft_settings": {**TINY_SUPERVISED, "data.max_length": 128, "train.micro_batch_size": 32},
-    "grpo_lr": 5e-4, "grpo_episodes": 20, "grpo_generations": 8,
-    "grpo_settings": {**TINY_ONLINE, "generation.max_new_tokens": 80, "grpo.rollout_batch_size": 8,
-                      "grpo.mini_batch_size": 64, "environment.max_turns": 3, "environment.max_total_tokens": 120}}}
+    "grpo_lr": 1e-4, "grpo_episodes": 20, "grpo_generations": 8,
+    "grpo_settings": {**TINY_ONLINE, "generation.max_new_tokens": 80, "generation.temperature": 0.5,
+                      "grpo.rollout_batch_size": 8, "grpo.mini_batch_size": 64, "environment.max_turns": 3,
+                      "environment.max_total_tokens": 120}}}
 PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING, "tiny-vllm": TINY_VLLM, "tiny-agent": TINY_AGENT}
 # The tiny model each preset builds (`write_tiny_model` options), when not the default.
 TINY_MODELS = {"tiny-vllm": {"num_heads": 2}}

@@ -290,6 +290,22 @@ def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(prese
     assert (evaluation["reward"] > evaluation["baseline_reward"]) == (preset == "tiny")
 
 
+@pytest.mark.slow  # about a minute on a quiet machine; `make test` is over its budget already
+def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
+    """rlhf-agent on `tiny-agent` at seed 42 (3 December 2026): SFT 0.81 of the 64 held-out products, GRPO over
+    multi-turn calculator episodes 0.84, the gate registers it; every episode's tool call was valid at the end."""
+    run = cli_runs("tiny-agent", "rlhf-agent")
+    summary = run.summary()
+    evaluation = summary["evaluate-model"]["metrics"]
+    assert within(evaluation["baseline_reward"], (0.75, 0.90)), evaluation
+    assert within(evaluation["improvement"], (1 / 64, 0.10)), evaluation  # at least one more answer right
+    assert "register-model" in summary
+    metrics = [json.loads(line) for line in (run.run_dir / "train-grpo" / "job" / "metrics.jsonl").read_text()
+               .splitlines()]
+    episodes = [line for line in metrics if "agent/valid_tool_call_fraction" in line]
+    assert episodes[-1]["agent/valid_tool_call_fraction"] == 1.0 and episodes[-1]["agent/turns_per_episode"] == 2.0
+
+
 @pytest.mark.slow  # the rlhf-grpo run is outside IN_SUITE
 def test_grpo_report_shows_sample_rollouts(cli_runs):
     report = (cli_runs("tiny", "rlhf-grpo").run_dir / "train-grpo" / "report").read_text()
