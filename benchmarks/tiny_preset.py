@@ -106,6 +106,8 @@ def evaluate(candidate: str, baseline: str, prompts: str, arguments: dict[str, A
         "output_dir": str(output_dir), "model": {"path": candidate}, "baseline_path": baseline,
         "prompts_path": prompts,
         "reward": {"function": arguments["reward_function"], "model_path": reward_model},
+        # Multi-turn episodes in the environment the agent stage trained in, as the evaluate component runs them.
+        "environment": {"name": arguments["environment"]} if arguments.get("environment") else None,
         "generation": {"max_new_tokens": arguments["max_new_tokens"], "temperature": 0.0}})
     return run_evaluation(config)
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as transformers_logging
 
-    from pipelines.presets import PRESETS, write_tiny_inputs
+    from pipelines.presets import preset_arguments
 
     torch.set_num_threads(args.num_threads)
     logging.basicConfig(level=logging.WARNING)
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = parse_settings(args.set)
     results: dict[str, list[float]] = {}
     for pipeline in args.pipelines:
-        arguments = {**write_tiny_inputs(args.root), **PRESETS[args.preset][pipeline]}
+        arguments = preset_arguments(args.preset, pipeline, args.root)  # its own task files and tiny model
         for name, value in overrides.items():
             is_merge = isinstance(value, dict) and isinstance(arguments.get(name), dict)
             arguments[name] = {**arguments[name], **value} if is_merge else value

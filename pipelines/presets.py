@@ -99,8 +99,8 @@ def write_tiny_inputs(root: Path, model_options: dict[str, Any] | None = None) -
             **{parameter: str(files[name]) for parameter, name in TINY_INPUTS.items()}}
 
 
-def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str]) -> dict[str, Any]:
-    """The parameters a preset sets for `pipeline` (only those the pipeline accepts)."""
+def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str] | None = None) -> dict[str, Any]:
+    """The parameters a preset sets for `pipeline` (only those the pipeline accepts, where `accepted` is given)."""
     if preset not in PRESETS:
         raise PipelineError(f"--preset {preset!r}: unknown; expected one of {sorted(PRESETS)}")
     if pipeline not in PRESETS[preset]:
@@ -112,4 +112,4 @@ def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str])
 
         files = write_agent_task(root.resolve() / "tiny-inputs" / "agent-data")
         arguments.update({f"{name}_uri": str(path) for name, path in files.items()})
-    return {name: value for name, value in arguments.items() if name in accepted}
+    return {name: value for name, value in arguments.items() if accepted is None or name in accepted}
