@@ -62,10 +62,9 @@ TINY_VLLM = {name: {**TINY[name], "rollout_engine": "vllm", "sft_epochs": 10} fo
 # rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
 # are one tool call, its result and the answer (about 85 model tokens: the tiny tokenizer spells the call character by
 # character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
-# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81. GRPO then samples at
-# temperature 0.5 (at 0.7 almost no episode succeeds) with a small learning rate (2e-4 and more lose accuracy): at
-# seed 42 its sampled reward rose 0.39 -> 0.58 and held-out accuracy 0.81 -> 0.84, so the gate opens by two answers
-# (docs/agents.md; one seed, 3 December 2026).
+# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81 (seed 42). NOT TUNED: GRPO
+# (temperature 0.5, lr 1e-4) gains two answers at seed 42 and the gate opens there, but loses 0.06-0.17 on the five
+# other seeds measured (benchmarks/tiny_preset.md, 3 December 2026).
 TINY_AGENT = {"rlhf-agent": {
     "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
     "max_new_tokens": 80,
