@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from kfp import dsl, kubernetes
 
 from components.launcher.settings.options import option_variables
+from trainer.allow_list import ALLOW_LIST_VARIABLES
 
 # ConfigMap keys are the environment variable names they become (the chart renders them so). The pod options'
 # keys come from their one declaration (components/launcher/settings/options.py); these are the others.
 PLATFORM_KEYS = (
     "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_LAUNCHER_IMAGE", "AWS_ENDPOINT_URL",
     "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI", "ALIGNFLOW_PIPELINE_ROOT", "ALIGNFLOW_MLFLOW_EXTERNAL_URL",
-    "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", "ALIGNFLOW_REWARD_FUNCTIONS",
-    "ALIGNFLOW_ALLOWED_REWARD_MODULES", "ALIGNFLOW_ENVIRONMENTS", "ALIGNFLOW_ALLOWED_ENVIRONMENT_MODULES",
-    "ALIGNFLOW_TOOLS", "ALIGNFLOW_ALLOWED_TOOL_MODULES", "ALIGNFLOW_S3_RETRY_SECONDS",
+    "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", *ALLOW_LIST_VARIABLES, "ALIGNFLOW_S3_RETRY_SECONDS",
 )
 DEFAULTS_KEYS = (*PLATFORM_KEYS, *option_variables())
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -16,7 +16,7 @@ reward contributions.
 (`trainer.agents.formats`) gets the calls' results as `tool` messages; a turn without calls is the
 answer and ends the episode. Subclass it to change the reward or add a user turn; subclass
 `Environment` for anything else. Environments are chosen by name from the platform's allow-list
-(`trainer.agents.registry`). `step` runs on a worker thread, concurrently with other episodes'.
+(`trainer.allow_list`). `step` runs on a worker thread, concurrently with other episodes'.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from torch import nn
 
 from trainer.agents.environment import Environment, Observation
 from trainer.agents.formats import ObservationEncoder, supports_tools
-from trainer.agents.registry import ENVIRONMENTS, TOOLS, resolve
 from trainer.agents.tools import ToolBox, as_tool, check_requirements
+from trainer.allow_list import ENVIRONMENTS, TOOLS, resolve
 from trainer.config import GenerationConfig
 from trainer.config.environment import EnvironmentConfig
 from trainer.data.tokenize import encode_prompt

@@ -13,6 +13,7 @@ others:
 | `AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION` | passed to the job as plain environment |
 | `MLFLOW_TRACKING_URI` | passed to the job without any `user:password@` it carries |
 | `ALIGNFLOW_S3_RETRY_SECONDS` | how long S3 calls ride out an outage; passed on to the job |
+| `ALIGNFLOW_REWARD_FUNCTIONS`, `ALIGNFLOW_ENVIRONMENTS`, `ALIGNFLOW_TOOLS` and their `ALIGNFLOW_ALLOWED_*_MODULES` | the names a run may load (`trainer/allow_list.py`); passed on to the job, which resolves them |
 | `ALIGNFLOW_ALLOWED_IMAGES` | comma-separated trainer images or registry/repository prefixes a job may run |
 | `ALIGNFLOW_ALLOWED_SECRETS` | comma-separated Secret names a job may read S3 credentials from |
 
@@ -41,12 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.launcher.settings.scheduling import options_from_environment
+from trainer.allow_list import ALLOW_LIST_VARIABLES
 from trainer.errors import LaunchError
 
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
-# Passed to the job as plain environment (after the tracking URI loses its credentials).
+# Passed to the job as plain environment (after the tracking URI loses its credentials). The allow-lists too: the
+# trainer resolves reward functions, environments and tools in the job's pods.
 JOB_ENV_NAMES = ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "ALIGNFLOW_PARENT_RUN_ID",
-                 "ALIGNFLOW_S3_RETRY_SECONDS")
+                 "ALIGNFLOW_S3_RETRY_SECONDS", *ALLOW_LIST_VARIABLES)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from trainer.agents.environment import ToolEnvironment
-from trainer.agents.registry import ENVIRONMENTS, TOOLS, read_allow_list, resolve
+from trainer.allow_list import ENVIRONMENTS, TOOLS, read_allow_list, resolve
 from trainer.errors import ConfigError
 
 
@@ -16,11 +16,11 @@ def test_builtins_resolve():
 
 def test_a_name_off_the_list_is_refused_before_anything_is_imported():
     sys.modules.pop("tests.trainer.agents.environments", None)
-    with pytest.raises(ConfigError, match=r"environment.name: 'tests.trainer.agents.environments:EchoEnvironment' is "
-                                          r"not on the platform's allow-list; allowed: tiny_calculator, tools"):
+    with pytest.raises(ConfigError, match=r"^environment.name is 'tests.trainer.agents.environments:EchoEnvironment', "
+                                          r"which is not an allowed environment; allowed: tiny_calculator, tools"):
         resolve(ENVIRONMENTS, "tests.trainer.agents.environments:EchoEnvironment", {})
     assert "tests.trainer.agents.environments" not in sys.modules
-    with pytest.raises(ConfigError, match="environment.tools: 'os:system' is not on the platform's allow-list"):
+    with pytest.raises(ConfigError, match="^environment.tools is 'os:system', which is not an allowed tool"):
         resolve(TOOLS, "os:system", {})
 
 
@@ -29,7 +29,7 @@ def test_the_platform_registers_names_and_module_prefixes():
                "ALIGNFLOW_ALLOWED_TOOL_MODULES": "tests.trainer.agents"}
     assert resolve(ENVIRONMENTS, "echo", environ).__name__ == "EchoEnvironment"
     assert resolve(TOOLS, "tests.trainer.agents.environments:hang", environ).__name__ == "hang"
-    with pytest.raises(ConfigError, match="not on the platform's allow-list"):
+    with pytest.raises(ConfigError, match="not an allowed tool"):
         resolve(TOOLS, "tests.trainer_evil:x", environ)
 
 

@@ -102,5 +102,5 @@ def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_pat
     with pytest.raises(ConfigError, match="environment.max_turn"):
         make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], reward={"function": "tiny_calculator"},
                     environment={"name": "tools", "max_turn": 3})
-    with pytest.raises(ConfigError, match="environment.tools: 'os:system' is not on the platform's allow-list"):
+    with pytest.raises(ConfigError, match="environment.tools is 'os:system', which is not an allowed tool"):
         AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())

@@ -1,4 +1,4 @@
-"""Tests for `trainer.online.reward_registry`: only built-in, registered or explicitly allowed reward functions load."""
+"""Tests for `trainer.online.reward_registry` (and `trainer.allow_list`): only built-in, registered or explicitly allowed reward functions load."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_platform_registers_names_in_the_environment():
 @pytest.mark.parametrize("entry", ["length", "length=", "=tests.x:y", "length=tests.trainer.online.rewards",
                                    "length=os:execl;rm"])
 def test_malformed_registration_is_an_error_naming_the_variable(entry):
-    with pytest.raises(ConfigError, match=r"^ALIGNFLOW_REWARD_FUNCTIONS: .* is not `name=module:function`$"):
+    with pytest.raises(ConfigError, match=r"^ALIGNFLOW_REWARD_FUNCTIONS: .* is not `name=module:attribute`$"):
         allow_list(ALIGNFLOW_REWARD_FUNCTIONS=entry)
 
 

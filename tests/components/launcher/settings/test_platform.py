@@ -190,3 +190,38 @@ def test_policy_cannot_be_overridden_by_component_parameters():
     assert cluster.allowed_images == ["registry.corp/ml/alignflow-trainer:2.1"]
     assert cluster.allowed_secrets == ["alignflow-s3"] and cluster.mlflow_secret == "mlflow"
     assert cluster.namespace != "kube-system"
+
+
+def test_the_charts_allow_lists_reach_the_training_pods_where_the_trainer_resolves_them():
+    """Chart values -> the defaults ConfigMap -> the component pod's env -> both job kinds' containers -> the trainer
+    in that container resolves the platform's reward function, environment and tool (and still refuses `os:system`)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from components.launcher.kinds.trainjob.request import build_trainjob_request
+    from tests.helm.chart import one, render
+
+    policy = {"rewardFunctions": {"length": "tests.trainer.online.rewards:length"},
+              "environments": {"echo": "tests.trainer.agents.environments:EchoEnvironment"},
+              "allowedToolModulePrefixes": ["tests.trainer.agents"]}
+    configmap = one(render({"policy": policy}), "ConfigMap")["data"]
+    cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1, "gpus_per_node": 1,
+                               "s3_secret": ""}, configmap)
+    spec = stage_spec("grpo", "s3://b/grpo.yaml", "run-1", "grpo", cluster)
+    container = build_pytorchjob(spec)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    pytorchjob_env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    trainjob_env = build_trainjob_request(spec).trainer.env
+    check = ("from trainer.allow_list import ENVIRONMENTS, REWARDS, TOOLS, resolve\n"
+             "print(resolve(REWARDS, 'length').__name__, resolve(ENVIRONMENTS, 'echo').__name__,"
+             " resolve(TOOLS, 'tests.trainer.agents.environments:hang').__name__)\n"
+             "try:\n    resolve(TOOLS, 'os:system')\nexcept Exception as err:\n    print(err)\n")
+    root = Path(__file__).parents[4]
+    for env in (pytorchjob_env, trainjob_env):
+        pod = {**env, "PATH": os.environ["PATH"], "PYTHONPATH": str(root)}  # the image installs alignflow
+        printed = subprocess.run([sys.executable, "-c", check], env=pod, cwd=root, capture_output=True, text=True,
+                                 check=True).stdout.splitlines()
+        assert printed[0] == "length EchoEnvironment hang"
+        assert printed[1].startswith("environment.tools is 'os:system', which is not an allowed tool; allowed: "
+                                     "calculator, python; modules under tests.trainer.agents")
