@@ -15,13 +15,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trainer.config.sandbox import SandboxConfig
 from trainer.config.sections import Section
 
-RewardKind = Literal["function", "model", "remote", "judge", "math", "exact_match", "format"]
+RewardKind = Literal["function", "model", "remote", "judge", "math", "exact_match", "format", "code_tests"]
 # The fields only some kinds use, and which kinds those are: anything else set on a source is an error.
 KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "path": ("model",), "pattern": ("format",), "normalize": ("exact_match",), "service": ("remote", "judge"),
-    "judge": ("judge",),
+    "judge": ("judge",), "sandbox": ("code_tests",),
 }
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "function": ("name",), "model": ("path",), "format": ("pattern",), "remote": ("service",),
@@ -116,7 +117,8 @@ class RewardSourceSpec(Section):
                              "model directory, `path`), `remote` (a reward service, `service`), `judge` (an LLM judge "
                              "on an OpenAI-compatible endpoint, `service` and `judge`), `math` (math-verify answer "
                              "equivalence to the row's `answer`), `exact_match` (the response equals the answer), "
-                             "`format` (the response matches the regular expression `pattern`).")
+                             "`format` (the response matches the regular expression `pattern`), `code_tests` (the "
+                             "response's program passes the row's test cases in the sandbox, `sandbox`).")
     name: str | None = Field(None, description="kind function: the allowed function's name (as `reward.function`). "
                              "Other kinds: the label in metrics (`rewards/<name>/mean`); null uses the kind.")
     weight: float = Field(1.0, description="The source's weight in the summed score; negative weights penalise.")
@@ -128,6 +130,9 @@ class RewardSourceSpec(Section):
                             "spaces and dropping a final period; false compares the exact strings.")
     service: ServiceConfig | None = Field(None, description="kinds remote and judge: the HTTP endpoint.")
     judge: JudgeConfig | None = Field(None, description="kind judge: the rubric and how the reply is read.")
+    sandbox: SandboxConfig | None = Field(None, description="kind code_tests: where the programs run (`backend` "
+                                          "local or remote, `limits` of each run); null: this pod's sandbox with the "
+                                          "default limits.")
 
     @field_validator("pattern")
     @classmethod

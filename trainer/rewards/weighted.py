@@ -101,6 +101,11 @@ def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, de
         from trainer.rewards.judge import JudgeScorer
 
         return JudgeScorer(spec.label, client, spec.judge)
+    if spec.kind == "code_tests":
+        from trainer.agents.sandbox import SandboxConfig
+        from trainer.rewards.code_tests import CodeTestsScorer
+
+        return CodeTestsScorer.build(spec.label, spec.sandbox or SandboxConfig(), key)
     from trainer.rewards.verifiable import build_verifiable_scorer
 
     return build_verifiable_scorer(spec.kind, pattern=spec.pattern, normalize=spec.normalize)

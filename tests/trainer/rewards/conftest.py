@@ -1,9 +1,11 @@
-"""One reference reward server (with a bearer token) for the module tests of remote sources."""
+"""One reference reward server (with a bearer token) for the module tests of remote sources, and the sandbox
+service for `code_tests`."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.trainer.agents.sandbox.conftest import sandbox_service  # noqa: F401 (the sandbox service, for code_tests)
 from tests.trainer.rewards.servers import RewardServer, write_reward_model
 
 TOKEN = "s3cr3t-reward-token-0123456789"

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal, Protocol
-
-from pydantic import Field, model_validator
+from typing import Protocol
 
 from trainer.agents.sandbox.contract import SandboxLimits, SandboxResult, SandboxUnavailableError
 from trainer.agents.sandbox.local import check_sandbox, run_python
 from trainer.agents.sandbox.remote import RemoteSandbox
-from trainer.config.sections import Section
+from trainer.config.sandbox import SandboxConfig
 
 
 class Sandbox(Protocol):
@@ -37,27 +35,6 @@ class LocalSandbox:
 
     def check(self, limits: SandboxLimits | None = None) -> None:
         check_sandbox(interpreter=self.interpreter)
-
-
-class SandboxConfig(Section):
-    backend: Literal["local", "remote"] = Field("local", description=(
-        "Where model-written code runs: `local` (this pod, confined by Landlock, seccomp and rlimits; needs "
-        "Linux 6.12+) or `remote` (the chart's sandbox service at `url`)."))
-    limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Limits of each run.")
-    url: str | None = Field(None, description=(
-        "Base URL of the sandbox service (`http://<release>-alignflow-sandbox.<namespace>.svc:8080`); "
-        "required with backend `remote`."))
-    token_env: str = Field("ALIGNFLOW_SANDBOX_TOKEN", description=(
-        "Environment variable holding the service's bearer token (from a Kubernetes Secret); never logged."))
-    interpreter: str | None = Field(None, description=(
-        "Python that runs the code with backend `local` (`-I -S`: standard library only); default: the "
-        "trainer's own."))
-
-    @model_validator(mode="after")
-    def _remote_needs_a_url(self) -> SandboxConfig:
-        if self.backend == "remote" and not self.url:
-            raise ValueError("url is required when backend is remote")
-        return self
 
 
 def build_sandbox(config: SandboxConfig, environ: Mapping[str, str] = os.environ) -> Sandbox:
