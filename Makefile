@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 LOCK := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 DEMO_DIR ?= demo-output
+# Test processes (pytest-xdist), each given whole files. Two fill this project's 2-core machine: most of a test's time
+# is one process starting or waiting, and the tests' processes wait passively (tests/conftest.py). 0 runs in one.
+TEST_WORKERS ?= 2
 
 .PHONY: test demo benchmark venv clean images test-images local-bases lock test-colossalai test-vllm chaos
 
@@ -29,7 +32,7 @@ $(ACTIONLINT):
 
 test: venv $(ACTIONLINT)
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes): a line per
 # task as it starts and ends, then each run's summary; the executor logs go to $(DEMO_DIR)/logs/ (--verbose

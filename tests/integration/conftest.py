@@ -30,11 +30,22 @@ def s3_endpoint(tmp_path_factory):
 
 
 @pytest.fixture
-def bucket(s3_endpoint) -> str:
+def s3_env(s3_endpoint, monkeypatch) -> str:
+    """The AWS environment on the session's moto server, set again for this test: under `-n 2` a test elsewhere in
+    this worker may have created the session fixture while its own monkeypatched server was in the environment,
+    and then put that back. A fixture that points the environment elsewhere (a fault proxy) asks for this first."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    return s3_endpoint
+
+
+@pytest.fixture
+def bucket(s3_env) -> str:
+    """A fresh bucket on the session's moto server."""
     import boto3
 
     name = f"test-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
     return name
 
 

@@ -20,9 +20,9 @@ from trainer.storage.s3 import S3Storage
 
 
 @pytest.fixture
-def proxy(s3_endpoint, monkeypatch):
+def proxy(s3_env, monkeypatch):
     """A fault proxy in front of moto; the shared S3 client goes through it with a 20 s deadline."""
-    fault_proxy = FaultProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    fault_proxy = FaultProxy(int(s3_env.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", fault_proxy.endpoint)
     S3Storage._shared = S3Storage(retry_seconds=20)
     yield fault_proxy

@@ -238,9 +238,9 @@ SPREADS = {
     ("tiny", "rlhf-orpo"): {"reward": (0.75, 0.90), "improvement": (0.35, 0.65)},  # 0.30 -> 0.80
 }
 ONE_ANSWER = 0.05  # one of the 20 held-out prompts
-# The runs `make test` makes (each a whole pipeline through kfp.local, a few minutes on 2 cores); the others are
-# `slow` until they have been timed and checked here against the spreads above (docs/testing.md).
-IN_SUITE = {("tiny", "rlhf-dpo"), ("tiny", "rlhf-ppo")}
+# The runs `make test` makes (each a whole pipeline through kfp.local, 40-60 s on 2 cores): every gate. A run made
+# `slow` here leaves `make test` (docs/testing.md).
+IN_SUITE = set(SPREADS)
 
 
 def runs(*cases: tuple[str, str]) -> list:
@@ -281,16 +281,18 @@ def test_gate_opens_when_the_candidate_beats_sft_by_what_the_tuning_measured(pre
 
 @pytest.mark.parametrize(("preset", "name"), runs(("tiny", "rlhf-ppo"), ("tiny-reward-hacking", "rlhf-ppo")))
 def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(preset, name, cli_runs):
-    """PPO optimises the reward model's score: it rises in both presets. With the KL penalty (`tiny`) accuracy
-    rises with it; without it and at 4x the learning rate (`tiny-reward-hacking`) accuracy falls."""
+    """With the KL penalty (`tiny`) PPO raises its reward model's score on held-out prompts, and accuracy with it;
+    without it and at 4x the learning rate (`tiny-reward-hacking`) accuracy falls. Whether the hacking run's reward
+    model score rises depends on which of its two reward models the rm stage trained (docs/testing.md): with the one
+    that scores SFT's answers -2.27 it rose (to -0.41), with the one that scores them 1.91 it fell (to 1.14)."""
     summary = cli_runs(preset, name).summary()
     evaluation, stage = summary["evaluate-model"]["metrics"], summary["train-ppo"]["metrics"]
-    assert evaluation["rm_score"] > evaluation["baseline_rm_score"]  # seed 42: -2.24 -> 0.88 (tiny), -0.41 (hacking)
-    assert stage["eval_reward"] > stage["eval_reward_before"]  # the same, on the stage's own held-out prompts
+    if preset == "tiny":
+        assert evaluation["rm_score"] > evaluation["baseline_rm_score"]  # seed 42: 1.91 -> 3.54, or -2.27 -> 2.46
+        assert stage["eval_reward"] > stage["eval_reward_before"]  # the same, on the stage's own held-out prompts
     assert (evaluation["reward"] > evaluation["baseline_reward"]) == (preset == "tiny")
 
 
-@pytest.mark.slow  # about a minute on a quiet machine; `make test` is over its budget already
 def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
     """rlhf-agent on `tiny-agent` at seed 42 (3 December 2026): SFT 0.81 of the 64 held-out products, GRPO over
     multi-turn calculator episodes 0.84, the gate registers it; every episode's tool call was valid at the end.
@@ -307,7 +309,6 @@ def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
     assert episodes[-1]["agent/valid_tool_call_fraction"] == 1.0 and episodes[-1]["agent/turns_per_episode"] == 2.0
 
 
-@pytest.mark.slow  # the rlhf-grpo run is outside IN_SUITE
 def test_grpo_report_shows_sample_rollouts(cli_runs):
     report = (cli_runs("tiny", "rlhf-grpo").run_dir / "train-grpo" / "report").read_text()
     samples = report.split("## Sample generations")[1].split("\n## ")[0]
@@ -315,7 +316,6 @@ def test_grpo_report_shows_sample_rollouts(cli_runs):
     assert len(rows) == 5  # prompt, response and score of five rollouts
 
 
-@pytest.mark.slow  # the rlhf-kto and rlhf-orpo runs are outside IN_SUITE
 @pytest.mark.parametrize("name", ["rlhf-kto", "rlhf-orpo"])
 def test_kto_and_orpo_prefer_the_desirable_answers_on_held_out_rows(name, cli_runs):
     stage = name.split("-")[1]

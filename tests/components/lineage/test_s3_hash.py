@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from components.lineage.lineage import sha256_of
-from tests.integration.conftest import bucket, s3_endpoint  # noqa: F401 - fixtures
+from tests.integration.conftest import bucket, s3_endpoint, s3_env  # noqa: F401 - fixtures
 
 
 def test_an_s3_dataset_is_hashed_by_its_content(bucket):  # noqa: F811 - the fixture

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.conftest import make_config
-from tests.integration.conftest import bucket, s3_endpoint  # noqa: F401 (fixtures: a moto S3 server)
+from tests.integration.conftest import bucket, s3_endpoint, s3_env  # noqa: F401 (fixtures: a moto S3 server)
 from trainer.errors import CheckpointError
 from trainer.lifecycle.data_identity import content_identity
 from trainer.lifecycle.resume import CONTENT_SUFFIX, fingerprint_differences
