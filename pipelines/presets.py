@@ -6,7 +6,8 @@ and the addition task under the run's root and passes their paths as the input U
 hyper-parameters that suit a 2-layer model on a CPU.
 
 `tiny` is tuned so that every pipeline's candidate beats its SFT baseline on the held-out prompts
-(greedy accuracy, checked by the task) and the registration gate opens; `tiny-reward-hacking`
+(greedy accuracy, checked by the task) and the registration gate opens (rlhf-agent runs on the tiny
+tool-use task instead, and only at seed 42: see TINY_AGENT_RUN); `tiny-reward-hacking`
 (rlhf-ppo only) is the same run with PPO's KL penalty removed and a 4x learning rate, so PPO
 over-optimises its reward model and the gate stays closed; `tiny-vllm` (rlhf-grpo, rlhf-ppo) samples
 with vLLM (`rollout_engine: vllm`) on a tiny model vLLM's CPU attention can run. `benchmarks/tiny_preset.py` reproduces
@@ -31,6 +32,21 @@ TINY_ONLINE = {"train.micro_batch_size": 64, "data.max_length": 32, "optimizer.s
 TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 15, "sft_settings": TINY_SUPERVISED,
                "reward_function": "trainer.tiny.task:reward", "max_new_tokens": 4}
 
+# rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
+# are one tool call, its result and the answer (about 85 model tokens: the tiny tokenizer spells the call character by
+# character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
+# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81 (seed 42). NOT TUNED: GRPO
+# (temperature 0.5, lr 1e-4) gains two answers at seed 42 and the gate opens there, but loses 0.06-0.17 on the five
+# other seeds measured (benchmarks/tiny_preset.md, 3 December 2026).
+TINY_AGENT_RUN = {
+    "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
+    "max_new_tokens": 80,
+    "sft_settings": {**TINY_SUPERVISED, "data.max_length": 128, "train.micro_batch_size": 32},
+    "grpo_lr": 1e-4, "grpo_episodes": 20, "grpo_generations": 8,
+    "grpo_settings": {**TINY_ONLINE, "generation.max_new_tokens": 80, "generation.temperature": 0.5,
+                      "grpo.rollout_batch_size": 8, "grpo.mini_batch_size": 64, "environment.max_turns": 3,
+                      "environment.max_total_tokens": 120}}
+
 TINY = {
     # DPO+NLL (rpo_alpha 1, as in Pang et al. 2024): plain DPO widens the chosen-rejected margin while
     # the chosen answer's own likelihood falls, and greedy accuracy drops; the NLL term keeps it likely.
@@ -48,6 +64,7 @@ TINY = {
                   "grpo_settings": {**TINY_ONLINE, "grpo.rollout_batch_size": 32, "grpo.mini_batch_size": 64}},
     "rlhf-kto": {**TINY_COMMON, "kto_lr": 5e-4, "kto_epochs": 2, "kto_beta": 1.0, "kto_settings": TINY_SUPERVISED},
     "rlhf-orpo": {**TINY_COMMON, "orpo_lr": 5e-4, "orpo_epochs": 2, "orpo_beta": 0.1, "orpo_settings": TINY_SUPERVISED},
+    "rlhf-agent": TINY_AGENT_RUN,  # on the tool-use task's files, not the addition task's (preset_arguments)
 }
 # Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
 # the checker rejects ("=7", "==7", "3" for every "a+0="): their accuracy falls and the gate stays closed. With
@@ -60,21 +77,9 @@ TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo
 # learns the task faster: after `tiny`'s 15 SFT epochs it already got 0.55 of the held-out sums right, and GRPO
 # had nothing left to add (0.50 after), so its SFT stops at 10 epochs.
 TINY_VLLM = {name: {**TINY[name], "rollout_engine": "vllm", "sft_epochs": 10} for name in ("rlhf-grpo", "rlhf-ppo")}
-# rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
-# are one tool call, its result and the answer (about 85 model tokens: the tiny tokenizer spells the call character by
-# character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
-# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81 (seed 42). NOT TUNED: GRPO
-# (temperature 0.5, lr 1e-4) gains two answers at seed 42 and the gate opens there, but loses 0.06-0.17 on the five
-# other seeds measured (benchmarks/tiny_preset.md, 3 December 2026).
-TINY_AGENT = {"rlhf-agent": {
-    "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
-    "max_new_tokens": 80,
-    "sft_settings": {**TINY_SUPERVISED, "data.max_length": 128, "train.micro_batch_size": 32},
-    "grpo_lr": 1e-4, "grpo_episodes": 20, "grpo_generations": 8,
-    "grpo_settings": {**TINY_ONLINE, "generation.max_new_tokens": 80, "generation.temperature": 0.5,
-                      "grpo.rollout_batch_size": 8, "grpo.mini_batch_size": 64, "environment.max_turns": 3,
-                      "environment.max_total_tokens": 120}}}
-PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING, "tiny-vllm": TINY_VLLM, "tiny-agent": TINY_AGENT}
+# `tiny-agent` is `tiny`'s rlhf-agent run under the name it had first.
+PRESETS = {"tiny": TINY, "tiny-reward-hacking": TINY_REWARD_HACKING, "tiny-vllm": TINY_VLLM,
+           "tiny-agent": {"rlhf-agent": TINY_AGENT_RUN}}
 # The tiny model each preset builds (`write_tiny_model` options), when not the default.
 TINY_MODELS = {"tiny-vllm": {"num_heads": 2}}
 
@@ -107,7 +112,7 @@ def preset_arguments(preset: str, pipeline: str, root: Path, accepted: set[str] 
         raise PipelineError(f"--preset {preset!r} has no parameters for {pipeline!r}; "
                             f"it applies to {sorted(PRESETS[preset])}")
     arguments = {**write_tiny_inputs(root, TINY_MODELS.get(preset)), **PRESETS[preset][pipeline]}
-    if preset == "tiny-agent":  # the tool-use task's files in place of the addition task's
+    if pipeline == "rlhf-agent":  # the tool-use task's files in place of the addition task's
         from trainer.tiny.agent_task import write_agent_task
 
         files = write_agent_task(root.resolve() / "tiny-inputs" / "agent-data")

@@ -294,10 +294,10 @@ def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(prese
 
 
 def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
-    """rlhf-agent on `tiny-agent` at seed 42 (3 December 2026): SFT 0.81 of the 64 held-out products, GRPO over
+    """rlhf-agent on `tiny` (the tool-use task) at seed 42 (3 December 2026): SFT 0.81 of the 64 held-out products, GRPO over
     multi-turn calculator episodes 0.84, the gate registers it; every episode's tool call was valid at the end.
     Seed 42 only: on five other seeds GRPO lost accuracy (benchmarks/tiny_preset.md), the preset is not tuned."""
-    run = cli_runs("tiny-agent", "rlhf-agent")
+    run = cli_runs("tiny", "rlhf-agent")
     summary = run.summary()
     evaluation = summary["evaluate-model"]["metrics"]
     assert within(evaluation["baseline_reward"], (0.75, 0.90)), evaluation
