@@ -238,7 +238,7 @@ SPREADS = {
     ("tiny", "rlhf-orpo"): {"reward": (0.75, 0.90), "improvement": (0.35, 0.65)},  # 0.30 -> 0.80
 }
 ONE_ANSWER = 0.05  # one of the 20 held-out prompts
-# The runs `make test` makes (each a whole pipeline through kfp.local, 40-60 s on 2 cores): every gate. A run made
+# The runs `make test` makes (each a whole pipeline through kfp.local, 41-82 s on 2 cores): every gate. A run made
 # `slow` here leaves `make test` (docs/testing.md).
 IN_SUITE = set(SPREADS)
 
@@ -283,7 +283,7 @@ def test_gate_opens_when_the_candidate_beats_sft_by_what_the_tuning_measured(pre
 def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(preset, name, cli_runs):
     """With the KL penalty (`tiny`) PPO raises its reward model's score on held-out prompts, and accuracy with it;
     without it and at 4x the learning rate (`tiny-reward-hacking`) accuracy falls. Whether the hacking run's reward
-    model score rises depends on which of its two reward models the rm stage trained (docs/testing.md): with the one
+    model score rises depends on which of its two reward models the rm stage trained (docs/pipelines.md): with the one
     that scores SFT's answers -2.27 it rose (to -0.41), with the one that scores them 1.91 it fell (to 1.14)."""
     summary = cli_runs(preset, name).summary()
     evaluation, stage = summary["evaluate-model"]["metrics"], summary["train-ppo"]["metrics"]
