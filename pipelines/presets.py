@@ -67,9 +67,8 @@ TINY = {
     "rlhf-agent": TINY_AGENT_RUN,  # on the tool-use task's files, not the addition task's (preset_arguments)
 }
 # Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
-# the checker rejects ("=7", "==7", "3" for every "a+0="): their accuracy falls and the gate stays closed. With
-# the reward model the six seeds were measured on its score rose; with one of the two this tree's rm stage trains
-# at seed 42 it falls too (docs/pipelines.md).
+# the checker rejects ("=7", "==7", "3" for every "a+0="): their accuracy falls and the gate stays closed on all six
+# seeds; the reward model's score rises on five of them and falls at seed 42 (docs/pipelines.md).
 TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo_lr": 2e-3}}
 # `tiny` sampled by vLLM (`rollout.engine: vllm` in the online stage and the evaluation; needs vLLM, e.g. the
 # environment of `make test-vllm`). vLLM's CPU attention takes head sizes that are multiples of 32, so its tiny

@@ -227,12 +227,11 @@ def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tm
 SFT_SPREAD = (0.25, 0.40)
 SPREADS = {
     ("tiny", "rlhf-dpo"): {"reward": (0.75, 0.85), "improvement": (0.35, 0.60)},  # 0.30 -> 0.80
-    # The table says 0.30 -> 0.55 [0.45, 0.65], measured on an older trainer. This tree's reward model is not
-    # bit-reproducible between pipeline runs at one seed: five runs of 3 December 2026 at seed 42 trained one of two
-    # reward models (SFT's answers scored 1.91 or -2.27), and PPO then reached 0.40 or 0.65 (0.70 on 2 December);
-    # the bounds hold both until the cause is found (docs/testing.md).
-    ("tiny", "rlhf-ppo"): {"reward": (0.40, 0.70), "improvement": (0.10, 0.40)},
-    ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},  # 0.30 -> 0.20
+    # Six seeds on the tree of 3 December 2026: 0.40-0.75, +0.10 to +0.50 (0.30 -> 0.40 at seed 42). The rm stage is
+    # not bit-reproducible between pipeline runs: at seed 42 earlier runs also trained a reward model that scores SFT's
+    # answers -2.27 (PPO then reached 0.65), which these bounds hold too (docs/pipelines.md).
+    ("tiny", "rlhf-ppo"): {"reward": (0.40, 0.75), "improvement": (0.10, 0.50)},  # 0.30 -> 0.40
+    ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},  # 0.30 -> 0.15
     ("tiny", "rlhf-grpo"): {"reward": (0.50, 0.70), "improvement": (0.10, 0.35)},  # 0.30 -> 0.65
     ("tiny", "rlhf-kto"): {"reward": (0.45, 0.70), "improvement": (0.15, 0.40)},  # 0.30 -> 0.70
     ("tiny", "rlhf-orpo"): {"reward": (0.75, 0.90), "improvement": (0.35, 0.65)},  # 0.30 -> 0.80
