@@ -69,14 +69,13 @@ def same_output(printed: str, expected: str) -> bool:
 class CodeTestsScorer:
     """Scores each response by the share of its row's test cases its program passes in the sandbox."""
 
-    def __init__(self, name: str, sandbox: Any, limits: Any, max_concurrency: int = 4) -> None:
-        self.name, self.sandbox, self.limits = name, sandbox, limits
-        self.max_concurrency = max_concurrency
+    def __init__(self, sandbox: Any, limits: Any, max_concurrency: int = 4) -> None:
+        self.sandbox, self.limits, self.max_concurrency = sandbox, limits, max_concurrency
         self._counts = {"cases": 0, "cases_passed": 0, "timed_out": 0, "crashed": 0}
         self._lock = threading.Lock()
 
     @classmethod
-    def build(cls, name: str, config: Any, key: str) -> CodeTestsScorer:
+    def build(cls, config: Any, key: str) -> CodeTestsScorer:
         """The scorer for a `sandbox` section; checks once that the sandbox starts and holds here, else ConfigError."""
         from trainer.agents.sandbox import SandboxUnavailableError, build_sandbox
 
@@ -85,7 +84,7 @@ class CodeTestsScorer:
             sandbox.check(config.limits)
         except SandboxUnavailableError as err:
             raise ConfigError(f"{key}.sandbox: {err}") from None
-        return cls(name, sandbox, config.limits)
+        return cls(sandbox, config.limits)
 
     def __call__(self, batch: dict[str, Tensor], prompts: list[str], completions: list[str],
                  answers: list[Any]) -> Tensor:

@@ -105,7 +105,7 @@ def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, de
         from trainer.agents.sandbox import SandboxConfig
         from trainer.rewards.code_tests import CodeTestsScorer
 
-        return CodeTestsScorer.build(spec.label, spec.sandbox or SandboxConfig(), key)
+        return CodeTestsScorer.build(spec.sandbox or SandboxConfig(), key)
     from trainer.rewards.verifiable import build_verifiable_scorer
 
     return build_verifiable_scorer(spec.kind, pattern=spec.pattern, normalize=spec.normalize)
