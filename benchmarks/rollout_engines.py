@@ -99,18 +99,24 @@ def run_one(spec: dict) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def measure(spec: dict, work_dir: Path) -> dict:
-    """`run_one` in a fresh interpreter (its own imports, allocator and peak RSS)."""
-    spec_path = work_dir / f"{spec['model_name']}-{spec['engine']}-{spec['repeat']}.json"
+def run_child(script: str, spec: dict, name: str, work_dir: Path) -> dict:
+    """`script --run-one` on `spec` in a fresh interpreter (its own imports, allocator and peak RSS), with
+    `spec["threads"]` passive OpenMP threads; returns the figures it wrote. `name` labels its files and errors."""
+    spec_path = work_dir / f"{name}.json"
     result_path = spec_path.with_suffix(".result.json")
     spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "OMP_WAIT_POLICY": "PASSIVE",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)], env=env,
+    done = subprocess.run([sys.executable, str(Path(script).resolve()), "--run-one", str(spec_path)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     if done.returncode != 0:
-        sys.exit(f"rollout_engines: {spec['engine']} on {spec['model_name']} failed:\n{done.stdout[-4000:]}")
+        sys.exit(f"{Path(script).stem}: {name} failed:\n{done.stdout[-4000:]}")
     return json.loads(result_path.read_text())
+
+
+def measure(spec: dict, work_dir: Path) -> dict:
+    """`run_one` in a fresh interpreter."""
+    return run_child(__file__, spec, f"{spec['model_name']}-{spec['engine']}-{spec['repeat']}", work_dir)
 
 
 def summarise(results: list[dict]) -> str:

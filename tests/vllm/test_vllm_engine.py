@@ -179,7 +179,7 @@ def test_a_lora_actor_syncs_its_merged_weights(vllm_start_model, task_files, tmp
     tokenizer = load_tokenizer(str(vllm_start_model))
     prompts = eval_prompts(task_files, tokenizer)
     engine = build_rollout_engine(RolloutConfig(engine="vllm"), actor,
-                                  EngineSetup(str(vllm_start_model), lora_scale=lora.alpha / lora.r))
+                                  EngineSetup(str(vllm_start_model), lora=lora))
     try:
         base_ids, _ = answers_of(engine, tokenizer, prompts)
         engine.sync_from(actor)
@@ -195,6 +195,48 @@ def test_a_lora_actor_syncs_its_merged_weights(vllm_start_model, task_files, tmp
 
     assert torch.equal(synced_ids, fresh_ids) and (synced_logps - fresh_logps).abs().max() < LOGP_TOLERANCE
     assert not torch.equal(base_ids, synced_ids)  # the adapter changed the answers
+
+
+def test_a_lora_actor_pushed_as_an_adapter_samples_what_the_merged_push_samples(vllm_start_model, task_files):
+    """`lora_sync: adapter` loads only the adapter (no base weight is pushed), and answers as the merged push does."""
+    from trainer.config import VLLMConfig
+
+    lora = LoraConfig(r=4, alpha=8)
+    actor = load_causal_lm(ModelConfig(path=str(vllm_start_model), lora=lora))
+    tokenizer = load_tokenizer(str(vllm_start_model))
+    prompts = eval_prompts(task_files, tokenizer)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter (B starts at zero, which adds nothing)
+        for name, parameter in actor.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    trained = {name: tensor.clone() for name, tensor in actor.state_dict().items()}
+    answers = {}
+    for mode in ("merged", "adapter"):
+        actor.load_state_dict(trained)  # the same adapter for both engines
+        engine = build_rollout_engine(RolloutConfig(engine="vllm", vllm=VLLMConfig(lora_sync=mode)), actor,
+                                      EngineSetup(str(vllm_start_model), lora=lora))
+        try:
+            assert (engine.adapter is not None) == (mode == "adapter")
+            if engine.adapter is not None:
+                engine.push = None  # a full-weight push would now fail
+            engine.sync_from(actor)
+            first = answers_of(engine, tokenizer, prompts)
+            with torch.no_grad():  # a second sync replaces the adapter
+                for name, parameter in actor.named_parameters():
+                    if "lora_A" in name:
+                        parameter.mul_(-1)
+            engine.sync_from(actor)
+            answers[mode] = first, answers_of(engine, tokenizer, prompts)
+            if engine.adapter is not None:
+                assert engine.llm.llm_engine.list_loras() == {2}  # the first adapter was removed
+        finally:
+            engine.close()
+
+    for merged, adapter in zip(answers["merged"], answers["adapter"]):
+        assert torch.equal(merged[0], adapter[0])
+        assert (merged[1] - adapter[1]).abs().max() < LOGP_TOLERANCE
+    assert not torch.equal(answers["adapter"][0][0], answers["adapter"][1][0])  # the second push took effect
 
 
 def test_fsdp2_sharded_actors_sync_into_each_ranks_engine(vllm_start_model, task_files, tmp_path):

@@ -29,7 +29,7 @@ from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
 GRPO = {"num_episodes": 25, "rollout_batch_size": 32, "num_generations": 8, "mini_batch_size": 64}
 
 
-def grpo_config(directory, model, task_files, engine, **updates):
+def grpo_config(directory, model, task_files, engine, /, **updates):
     options = {"optimizer": {"lr": 5e-4, "warmup_steps": 0, "scheduler": "constant"},
                "train": {"micro_batch_size": 64}, "generation": {"max_new_tokens": 4, "temperature": 0.7},
                "reward": {"function": "trainer.tiny.task:reward"}, "rollout": {"engine": engine}, "grpo": GRPO}
@@ -67,6 +67,26 @@ def test_a_resumed_vllm_run_samples_and_trains_what_an_uninterrupted_one_did(tmp
     trained = [load_file(directory / "model" / "model.safetensors") for directory in (tmp_path / "whole",
                                                                                       tmp_path / "split")]
     assert all(torch.equal(trained[0][name], trained[1][name]) for name in trained[0])
+
+
+def test_a_lora_grpo_run_that_pushes_its_adapter_trains_what_the_merged_push_trains(tmp_path, vllm_start_model,
+                                                                                     task_files, caplog):
+    """`rollout.vllm.lora_sync: adapter` through a whole stage: the same episodes and weights as `merged`."""
+    short = {"num_episodes": 3, "rollout_batch_size": 8, "num_generations": 4, "mini_batch_size": 32}
+    runs = {}
+    for mode in ("merged", "adapter"):
+        config = grpo_config(tmp_path / mode, vllm_start_model, task_files, "vllm", grpo=short,
+                             data={"eval_path": None}, optimizer={"lr": 1e-2},
+                             model={"lora": {"r": 4, "alpha": 8}}, rollout={"vllm": {"lora_sync": mode}})
+        with caplog.at_level("INFO", logger="trainer.online.vllm_engine"):
+            run_online_stage(config)
+        runs[mode] = episode_rewards(tmp_path / mode), load_file(tmp_path / mode / "model" / "model.safetensors")
+        assert ("pushes the LoRA adapter alone" in caplog.text) == (mode == "adapter")
+        caplog.clear()
+
+    (merged_rewards, merged), (adapter_rewards, adapter) = runs["merged"], runs["adapter"]
+    assert adapter_rewards == merged_rewards
+    assert all(torch.allclose(adapter[name], merged[name], atol=1e-6) for name in merged)
 
 
 def test_the_explorer_records_the_engines_log_probs_as_behaviour_log_probs(tmp_path, vllm_start_model, task_files):

@@ -16,7 +16,7 @@ keeps running forwards until every rank's have, and all ranks make the same numb
 
 `vllm` (`trainer.online.vllm_engine`) keeps its own copy of the weights in vLLM's offline engine and
 returns vLLM's per-token log-probs. An engine that keeps its own weights is built from an
-`EngineSetup` (where the initial weights are, the seed, the LoRA scale to merge adapters with).
+`EngineSetup` (where the initial weights are, the seed, the LoRA adapters' shape).
 
 This module is the interface (and the default engine); it imports no other engine. The engine a
 config names is built by `trainer.online.engine_registry.build_rollout_engine`, which imports vLLM
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from trainer.config import GenerationConfig, OnlineStageConfig
+from trainer.config import GenerationConfig, LoraConfig, OnlineStageConfig
 from trainer.parallel.booster import unwrap_model
 
 
@@ -62,18 +62,23 @@ class EngineSetup:
     Attributes:
         model_path: The model directory (local or URI) whose config, and initial weights, the engine loads.
         seed: The engine's own seed (sampling is seeded per request from torch's generator, see `vllm_engine`).
-        lora_scale: alpha / r when the policy carries LoRA adapters, which are merged into the weights it sends.
+        lora: The policy's `model.lora` when it carries LoRA adapters (pushed alone, or merged into the weights
+            it sends: `rollout.vllm.lora_sync`); None otherwise.
     """
 
     model_path: str
     seed: int = 0
-    lora_scale: float | None = None
+    lora: LoraConfig | None = None
+
+    @property
+    def lora_scale(self) -> float | None:
+        """alpha / r, what the adapters are scaled by when merged; None without LoRA."""
+        return self.lora.alpha / self.lora.r if self.lora else None
 
 
 def engine_setup(config: OnlineStageConfig) -> EngineSetup:
-    """The setup of an online stage's engine: the actor's starting weights, the run's seed, its LoRA scale."""
-    lora = config.model.lora
-    return EngineSetup(config.model.path, config.train.seed, lora.alpha / lora.r if lora else None)
+    """The setup of an online stage's engine: the actor's starting weights, the run's seed, its LoRA adapters."""
+    return EngineSetup(config.model.path, config.train.seed, config.model.lora)
 
 
 class RolloutEngine(ABC):

@@ -17,7 +17,8 @@ The engine runs inside the trainer's process (vLLM's single-process mode: `VLLM_
   through `collective_rpc` with a `weights_iterator`: vLLM's model loader runs again on them, including
   the post-load processing (the CPU build repacks linear weights for its oneDNN kernels, which is why the
   model's plain `load_weights` does not work there). In single-process mode the iterator is a Python
-  object handed over, never pickled. The prefix cache is reset after each sync.
+  object handed over, never pickled. The prefix cache is reset after each sync. A LoRA actor can push its
+  adapter alone instead (`rollout.vllm.lora_sync`, `trainer.online.vllm_lora`).
 - **Memory.** `rollout.vllm`: `gpu_memory_utilization`, `max_model_len`, `max_num_seqs`, and
   `sleep_between_rollouts` (vLLM's sleep mode, level 1: weights to host memory and KV cache freed after
   each rollout, woken at the next sync or rollout), refused on a platform without it (the CPU). On the CPU
@@ -47,9 +48,10 @@ import torch
 from torch import Tensor, nn
 
 from trainer.checkpointing.rng_state import capture_rng_state, restore_rng_state
-from trainer.config import GenerationConfig, RolloutConfig
+from trainer.config import GenerationConfig, LoraConfig, RolloutConfig
 from trainer.errors import ConfigError
 from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads
+from trainer.online.vllm_lora import AdapterPush, engine_lora_options, uses_adapter
 from trainer.online.weight_stream import checkpoint_weights
 
 logger = logging.getLogger(__name__)
@@ -91,8 +93,9 @@ def check_head_size(model_dir: str) -> None:
                           "num_attention_heads); sample it with `hf`, or on a GPU")
 
 
-def start_engine(model_dir: str, config: RolloutConfig, seed: int) -> Any:
-    """vLLM's `LLM` on `model_dir`'s config and weights, in this process, with the `rollout.vllm` settings."""
+def start_engine(model_dir: str, config: RolloutConfig, seed: int, lora: LoraConfig | None = None) -> Any:
+    """vLLM's `LLM` on `model_dir`'s config and weights, in this process, with the `rollout.vllm` settings; with
+    `lora`, room for one adapter of its rank (`trainer.online.vllm_lora`)."""
     options = config.vllm
     for name, value in ENGINE_ENVIRONMENT.items():
         os.environ[name] = value
@@ -118,7 +121,7 @@ def start_engine(model_dir: str, config: RolloutConfig, seed: int) -> Any:
                    max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                    enforce_eager=is_eager(options.enforce_eager), enable_sleep_mode=options.sleep_between_rollouts,
                    distributed_executor_backend="uni", enable_chunked_prefill=False, logprobs_mode="raw_logprobs",
-                   max_logprobs=0, **memory)
+                   max_logprobs=0, **memory, **(engine_lora_options(lora) if lora else {}))
     finally:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(num_threads)
@@ -167,17 +170,25 @@ class VLLMEngine(RolloutEngine):
     """
 
     def __init__(self, config: RolloutConfig, setup: EngineSetup) -> None:
+        from vllm.platforms import current_platform
+
         from trainer.storage.transfer import cached_copy
 
         self.lora_scale = setup.lora_scale
+        pushes_adapter = uses_adapter(config.vllm, setup.lora, on_cpu=current_platform.is_cpu())
         self.sleeps = config.vllm.sleep_between_rollouts
         self.num_threads = config.num_threads
         self.is_asleep = False
         # vLLM sets up torch.distributed (a group of one) unless the trainer already has; close() undoes its own.
         self.owns_process_group = not torch.distributed.is_initialized()
         started = time.perf_counter()
-        self.llm = start_engine(str(cached_copy(setup.model_path)), config, setup.seed)
+        self.llm = start_engine(str(cached_copy(setup.model_path)), config, setup.seed,
+                                setup.lora if pushes_adapter else None)
         logger.info("vLLM engine started on %s in %.1f s", setup.model_path, time.perf_counter() - started)
+        # With LoRA pushed as an adapter, syncs load it and requests name it; otherwise full weights are pushed.
+        self.adapter = AdapterPush(self.llm, setup.lora) if pushes_adapter else None
+        if pushes_adapter:
+            logger.info("each weight sync pushes the LoRA adapter alone (rollout.vllm.lora_sync)")
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, options: GenerationConfig, *,
@@ -190,7 +201,8 @@ class VLLMEngine(RolloutEngine):
         prompts = [TokensPrompt(prompt_token_ids=tokens) for tokens, _ in groups]
         params = [sampling_params(options, stop_token_ids, count, seed) for (_, count), seed in zip(groups, seeds)]
         with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(prompts, params, use_tqdm=False,
+                                        lora_request=self.adapter.request if self.adapter else None)
         completions = [completion for output in outputs for completion in output.outputs]  # rows, in order
         self.fall_asleep()
         ids = right_pad([list(c.token_ids) for c in completions], pad_token_id, torch.long)  # (B, R)
@@ -198,7 +210,11 @@ class VLLMEngine(RolloutEngine):
         return SampledResponses(ids.to(prompt_ids.device), logps.to(prompt_ids.device))
 
     def sync_from(self, policy: nn.Module) -> None:
-        self.push(checkpoint_weights(policy, self.lora_scale))
+        if self.adapter is not None:
+            self.wake_up()
+            self.adapter.push(policy)
+        else:
+            self.push(checkpoint_weights(policy, self.lora_scale))
 
     def push(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Reload the engine's model from `weights` ((checkpoint name, tensor) pairs), repacked as vLLM loads them."""
