@@ -35,6 +35,9 @@ SCENARIOS = [
      ["tests/cluster/test_pipeline_run.py"]),
     ("trainer", "emulated clusters: a 2-node TrainJob and a 2-node elastic PyTorchJob survive a killed node (the"
                 " TrainJob a preemption too) and resume", ["tests/cluster/test_multi_node.py"]),
+    ("trainer", "the code sandbox's escape tests, the trainer stand-in in a pod of the image as its user (the image's"
+                " Python and trainer, a service-account token mounted): each escape contained",
+     ["tests/trainer/agents/sandbox/test_local.py"]),
 ]
 
 

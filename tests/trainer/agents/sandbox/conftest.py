@@ -4,6 +4,11 @@ As root, the stand-in is started as uid 1000 (images/trainer/Dockerfile's user) 
 65534 it runs as this user; any other user skips with the reason. Its environment holds an
 AWS_SECRET_ACCESS_KEY and an MLflow token, and `ALIGNFLOW_SECRET_ENV_DIRS` names a folder holding a Secret
 file, as a TrainJob's pod has them; an output folder of its own stands for the stage's output.
+
+Under `make test-images` (`ALIGNFLOW_TEST_IMAGES` lists the built images) the stand-in runs inside the built
+trainer image instead, as a pod of it would (`tests/cluster/sandbox.py`: the image's filesystem, Python and
+installed trainer, its user, its ENV), with a service-account token mounted where the kubelet puts it; the
+planted folder is mounted into the pod at the same path, so the tests read it from here as before.
 """
 
 from __future__ import annotations
@@ -30,14 +35,21 @@ REPOSITORY = Path(__file__).parents[4]
 class TrainerStandIn:
     """The stand-in process and the folders planted around it."""
 
-    def __init__(self, process: subprocess.Popen, base: Path, uid: int, interpreter: str):
+    def __init__(self, process: subprocess.Popen, base: Path, uid: int, interpreter: str, image=None, pod=None):
         self.process, self.base, self.uid, self.interpreter = process, base, uid, interpreter
+        self.image, self.pod = image, pod  # the built trainer image and the stand-in's pod, under make test-images
         self.secret_file = base / "secrets" / "AWS_SECRET_ACCESS_KEY"
         self.output_dir = base / "output"
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.process.pid  # in a pod too: its command execs its way to the stand-in (no PID namespace)
+
+    def host_path(self, path: str) -> Path:
+        """Where a path the stand-in sees lies on this machine: the same path, except the pod's own /tmp."""
+        if self.pod is None or Path(path).is_relative_to(self.base):
+            return Path(path)
+        return self.pod.host_path(path)
 
     def _ask(self, request: dict) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")
@@ -92,26 +104,54 @@ def _as_user(uid: int) -> dict:
 
 
 def launch_as_trainer(stand_in: TrainerStandIn, code: str) -> tuple[subprocess.Popen, Path]:
-    """Another trainer process, as the stand-in's uid, running `code` in the sandbox (60 s); returns it and the
-    folder its scratch folders go in."""
+    """Another trainer process, as the stand-in's uid (in a pod of the image where the stand-in runs in one),
+    running `code` in the sandbox (60 s); returns it and the folder its scratch folders go in."""
     scratch_root = stand_in.base / "tmp"
     command = ("import sys\nfrom trainer.agents.sandbox import SandboxLimits, run_python\n"
                "run_python(sys.stdin.read(), limits=SandboxLimits(wall_seconds=60))")
-    process = subprocess.Popen([stand_in.interpreter, "-c", command], stdin=subprocess.PIPE, text=True,
-                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(), "TMPDIR": str(scratch_root)},
-                               cwd=stand_in.base, **_as_user(stand_in.uid))
+    if stand_in.image is not None:
+        argv, env, _ = in_image(stand_in.image, stand_in.base, ["python", "-c", command], {"TMPDIR": str(scratch_root)})
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, text=True, env=env)
+    else:
+        process = subprocess.Popen([stand_in.interpreter, "-c", command], stdin=subprocess.PIPE, text=True,
+                                   env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(),
+                                        "TMPDIR": str(scratch_root)},
+                                   cwd=stand_in.base, **_as_user(stand_in.uid))
     process.stdin.write(code)
     process.stdin.close()
     return process, scratch_root
 
 
+def built_trainer_image():
+    """The trainer image `make test-images` built (an ImageRoot), or None outside it."""
+    from tests.cluster.sandbox import built_images
+
+    return next((root for name, root in built_images().items() if name.startswith("ghcr.io/alignflow/trainer")), None)
+
+
+def in_image(image, base: Path, argv: list[str], env: dict[str, str]):
+    """(argv, env, pod) that run `argv` in a new pod of `image` as its user, with `base` mounted at its own path
+    and a service-account token where the kubelet mounts it."""
+    from tests.images.real import containers
+
+    pod_folder = Path(tempfile.mkdtemp(prefix="alignflow-escape-pod-"))
+    pod, environment = containers.prepare(image, pod_folder, env, volumes={str(base): base})
+    pod.mount_service_account("ml-platform", SERVICE_ACCOUNT_TOKEN, b"")
+    command, outer_env = pod.command(argv, environment)
+    return command, outer_env, pod
+
+
+SERVICE_ACCOUNT_TOKEN = "service-account-token-3c9e"
+
+
 @pytest.fixture(scope="module")
 def stand_in():
-    uid = IMAGE_UID if os.geteuid() == 0 else os.geteuid()
+    image = built_trainer_image()
+    uid = image.user[0] if image is not None else IMAGE_UID if os.geteuid() == 0 else os.geteuid()
     if uid not in ALLOWED_UIDS:
         pytest.skip(f"the escape tests run as the trainer image's uid {IMAGE_UID} (or 65534): run them as root, "
                     f"which drops to it, or as that uid (this is uid {uid})")
-    interpreter = _interpreter_for(uid)
+    interpreter = "python" if image is not None else _interpreter_for(uid)
     if interpreter is None:
         pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} with pydantic that uid {uid} "
                     f"can execute ({sys.executable} is not reachable by it)")
@@ -123,13 +163,20 @@ def stand_in():
     if os.geteuid() == 0:
         for path in [base, *base.rglob("*")]:
             os.chown(path, uid, uid)
-    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(), "TMPDIR": str(base / "tmp"),
-                   "HOME": str(base), "AWS_SECRET_ACCESS_KEY": SECRET, "MLFLOW_TRACKING_TOKEN": SECRET,
-                   SECRET_DIRS_VARIABLE: str(base / "secrets")}
-    process = subprocess.Popen([interpreter, str(Path(__file__).with_name("trainer_stand_in.py"))],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=environment, cwd=base, **_as_user(uid))
-    stand_in = TrainerStandIn(process, base, uid, interpreter)
+    planted = {"TMPDIR": str(base / "tmp"), "HOME": str(base), "AWS_SECRET_ACCESS_KEY": SECRET,
+               "MLFLOW_TRACKING_TOKEN": SECRET, SECRET_DIRS_VARIABLE: str(base / "secrets")}
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    pod = None
+    if image is not None:  # the image's Python and trainer, the script beside the planted folders
+        script = shutil.copy(Path(__file__).with_name("trainer_stand_in.py"), base / "trainer_stand_in.py")
+        os.chown(script, uid, uid)
+        argv, env, pod = in_image(image, base, ["python", str(script)], planted)
+        process = subprocess.Popen(argv, env=env, **pipes)
+    else:
+        environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _python_path(), **planted}
+        process = subprocess.Popen([interpreter, str(Path(__file__).with_name("trainer_stand_in.py"))],
+                                   env=environment, cwd=base, **pipes, **_as_user(uid))
+    stand_in = TrainerStandIn(process, base, uid, interpreter, image, pod)
     try:
         outcome = stand_in.check()
         if "error" in outcome:

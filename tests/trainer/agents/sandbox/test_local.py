@@ -12,11 +12,10 @@ import signal
 import socket
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.trainer.agents.sandbox.conftest import SECRET
+from tests.trainer.agents.sandbox.conftest import SECRET, SERVICE_ACCOUNT_TOKEN
 from trainer.agents.sandbox import SandboxLimits, SandboxUnavailableError, check_sandbox, run_python
 from trainer.agents.sandbox.local import ENVIRONMENT_PASSED, sandbox_environment
 
@@ -107,19 +106,23 @@ def test_no_secret_files(stand_in):
         except OSError as err:
             print(type(err).__name__)
     """)
-    assert stand_in.run_plain(code)["stdout"].splitlines()[0] == SECRET
+    plain = stand_in.run_plain(code)["stdout"].splitlines()
+    assert plain[0] == SECRET
     secret, token, listing = stand_in.run(code)["stdout"].splitlines()
-    # Landlock refuses the open, not the lookup: a token that is absent (as here) shows as absent
+    # Landlock refuses the open, not the lookup: a token that is absent (on the host) shows as absent
     assert (secret, listing) == ("PermissionError", "PermissionError") and token in ("PermissionError",
                                                                                        "FileNotFoundError")
+    if stand_in.image is not None:  # in the image's pod the kubelet's token is there, readable by the trainer
+        assert plain[1] == SERVICE_ACCOUNT_TOKEN and token == "PermissionError"
 
 
 def test_no_writes_outside_the_scratch_folder(stand_in):
     target = stand_in.output_dir / "model.safetensors"
-    planted = [target, stand_in.base / "tmp" / "planted", Path("/tmp/alignflow-escape-planted")]
+    seen = [str(target), str(stand_in.base / "tmp" / "planted"), "/tmp/alignflow-escape-planted"]  # as the trainer sees them
+    planted = [stand_in.host_path(path) for path in seen]
     code = textwrap.dedent(f"""
         import os, tempfile
-        for path in {[str(path) for path in planted]}:
+        for path in {seen}:
             try:
                 open(path, "w").write("overwritten")
                 print("wrote", path)
