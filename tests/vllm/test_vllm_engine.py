@@ -239,6 +239,18 @@ def test_a_lora_actor_pushed_as_an_adapter_samples_what_the_merged_push_samples(
     assert not torch.equal(answers["adapter"][0][0], answers["adapter"][1][0])  # the second push took effect
 
 
+def test_a_stage_that_would_push_an_adapter_it_does_not_have_is_refused_when_its_config_loads(tmp_path,
+                                                                                               vllm_start_model,
+                                                                                               task_files):
+    from tests.conftest import make_config
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.vllm.lora_sync is adapter but model.lora is null"):
+        make_config("grpo", tmp_path, vllm_start_model, task_files["prompts"], None,
+                    reward={"function": "trainer.tiny.task:reward"},
+                    rollout={"engine": "vllm", "vllm": {"lora_sync": "adapter"}})
+
+
 def test_fsdp2_sharded_actors_sync_into_each_ranks_engine(vllm_start_model, task_files, tmp_path):
     """2 gloo ranks, each with its own engine; the actor is sharded (FSDP2) and gathered tensor by tensor per sync."""
     import os

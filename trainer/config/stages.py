@@ -24,6 +24,7 @@ from trainer.config.rewards import RewardSourceSpec, RolloutCorrectionConfig, ch
 from trainer.config.sections import (
     CheckpointConfig,
     DataConfig,
+    LoraConfig,
     ModelConfig,
     OnlineCheckpointConfig,
     OnlineTrainConfig,
@@ -169,6 +170,22 @@ class VLLMConfig(Section):
     )
 
 
+VLLM_MAX_LORA_RANK = 512  # the largest `max_lora_rank` vLLM offers
+
+
+def adapter_sync_problem(lora_sync: str, lora: LoraConfig | None) -> str | None:
+    """Why `rollout.vllm.lora_sync` cannot push `lora` as an adapter when it is `adapter`, or None."""
+    if lora_sync != "adapter":
+        return None
+    if lora is None:
+        return ("rollout.vllm.lora_sync is adapter but model.lora is null: there is no adapter to push; set "
+                "model.lora or lora_sync: auto")
+    if lora.r > VLLM_MAX_LORA_RANK:
+        return (f"rollout.vllm.lora_sync is adapter but model.lora.r is {lora.r}, above vLLM's largest LoRA rank "
+                f"({VLLM_MAX_LORA_RANK}); use lora_sync: merged")
+    return None
+
+
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="What samples the responses: `hf` (HF `generate` on the policy) or `vllm` (the image's "
@@ -294,6 +311,12 @@ class OnlineStageConfig(StageConfig):
         None, description="Multi-turn episodes in an environment with tools (docs/agents.md); null samples one "
         "response per prompt.")
 
+    @model_validator(mode="after")
+    def _check_lora_sync(self) -> OnlineStageConfig:
+        problem = adapter_sync_problem(self.rollout.vllm.lora_sync, self.model.lora)
+        if self.rollout.engine == "vllm" and problem:
+            raise ValueError(problem)
+        return self
 
     @property
     def algorithm(self) -> OnlineAlgorithmConfig:

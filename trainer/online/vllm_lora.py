@@ -30,12 +30,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from trainer.config import LoraConfig, VLLMConfig
+from trainer.config.stages import VLLM_MAX_LORA_RANK, adapter_sync_problem
 from trainer.errors import ConfigError
 from trainer.online.weight_stream import checkpoint_name_map, full_tensor
 from trainer.parallel.booster import unwrap_model
 
 # vLLM's `max_lora_rank` choices (vllm.config.lora.MaxLoRARanks): the engine reserves room for this rank.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, VLLM_MAX_LORA_RANK)
 ADAPTER_PIECES = {".lora_A.default.weight": ".lora_A.weight", ".lora_B.default.weight": ".lora_B.weight"}
 # PEFT's saved adapters name each tensor after the model wrapped twice (PeftModel -> LoraModel -> model).
 PEFT_PREFIX = "base_model.model."
@@ -50,17 +51,13 @@ def uses_adapter(options: VLLMConfig, lora: LoraConfig | None, on_cpu: bool) -> 
     push of a large model costs seconds and a copy of every weight; that side is not measured here (no GPU).
 
     Raises:
-        ConfigError: `adapter` without `model.lora`, or with a rank vLLM cannot serve.
+        ConfigError: `adapter` without `model.lora`, or with a rank vLLM cannot serve (a stage's config refuses
+            both when it is loaded).
     """
-    if options.lora_sync == "merged" or lora is None and options.lora_sync == "auto":
-        return False
-    if lora is None:
-        raise ConfigError("rollout.vllm.lora_sync is adapter but model.lora is null: there is no adapter to push; "
-                          "set model.lora or lora_sync: auto")
-    if lora.r > VLLM_LORA_RANKS[-1]:
-        if options.lora_sync == "adapter":
-            raise ConfigError(f"rollout.vllm.lora_sync is adapter but model.lora.r is {lora.r}, above vLLM's largest "
-                              f"LoRA rank ({VLLM_LORA_RANKS[-1]}); use lora_sync: merged")
+    problem = adapter_sync_problem(options.lora_sync, lora)
+    if problem:
+        raise ConfigError(problem)
+    if options.lora_sync == "merged" or lora is None or lora.r > VLLM_MAX_LORA_RANK:
         return False
     return options.lora_sync == "adapter" or not on_cpu
 
