@@ -3,7 +3,7 @@
     python benchmarks/side_by_side.py                    # or: make benchmark (about 25 minutes on 2 cores)
     python benchmarks/side_by_side.py --stages grpo --user-defaults --json results.json
 
-The script writes the workload (a 3.2M-parameter Llama with a character tokenizer, SFT rows,
+The script writes the workload (a 3.2M-parameter Llama, or with `--model large` 96M, with a character tokenizer, SFT rows,
 preference pairs, GRPO prompts) into a temporary directory, then trains every stage with alignflow
 and with TRL, each run in its own interpreter (this script re-invoked with the hidden `--run-one`)
 with 2 intra-op threads in fp32. Runs are interleaved (stage by stage, the two systems in
@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 
 # -- the workload --------------------------------------------------------------------------------
-HIDDEN_SIZE = 256  # Llama: 4 layers x 256 hidden, MLP 768, 4 heads (2 kv heads): 3.2M parameters
-NUM_LAYERS = 4
-INTERMEDIATE_SIZE = 768
+# Llama shapes (`--model`): layers, hidden size, MLP size, heads, KV heads. `small` (3.2M parameters) is the
+# workload's; `large` (96M) is `rollout_engines.py`'s, where vLLM's sampling pays off on this CPU.
+MODEL_SHAPES = {"small": (4, 256, 768, 4, 2), "large": (8, 1024, 2816, 16, 8)}
 SFT_ROWS = 512
 SFT_TOKENS = (64, 256)  # total tokens of a row (prompt + completion + EOS), uniform
 PROMPT_CHARS = (16, 64)  # one token per character
@@ -82,8 +82,9 @@ def _text(rng: random.Random, num_chars: int) -> str:
     return out[:num_chars]
 
 
-def write_workload(directory: Path) -> dict[str, Path]:
-    """The model directory and data files every run reads; identical for both systems."""
+def write_workload(directory: Path, model: str = "small") -> dict[str, Path]:
+    """The model directory (of shape `MODEL_SHAPES[model]`) and data files every run reads; identical for both
+    systems."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -91,8 +92,9 @@ def write_workload(directory: Path) -> dict[str, Path]:
     from trainer.tiny.task import problems, write_jsonl
 
     tokenizer = build_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=INTERMEDIATE_SIZE,
-                         num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+    layers, hidden, mlp, heads, kv_heads = MODEL_SHAPES[model]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=MAX_LENGTH, tie_word_embeddings=False,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     torch.manual_seed(SEED)
@@ -324,8 +326,9 @@ def _quiet_libraries() -> None:
 
 
 def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_index: int,
-           max_steps: int | None, overrides: list[str] = (), user_defaults: bool = False) -> dict:
-    """One measured run in a fresh interpreter with 2 threads; returns its figures and its wall time."""
+           max_steps: int | None, overrides: list[str] = (), user_defaults: bool = False,
+           interpreter: str = sys.executable) -> dict:
+    """One measured run in a fresh `interpreter` with 2 threads; returns its figures and its wall time."""
     name = f"{run_index:03d}-{system}-{stage}"
     spec = {"system": system, "stage": stage, "files": {k: str(v) for k, v in files.items()},
             "output_dir": str(work_dir / "runs" / name), "result": str(work_dir / f"{name}.result.json"),
@@ -343,7 +346,7 @@ def launch(system: str, stage: str, files: dict[str, Path], work_dir: Path, run_
         env.pop(variable)  # each system's own thread count and OpenMP's default (spinning) wait, as a user runs them
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{work_dir / 'mlflow.db'}")  # where user-default tracking logs
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", str(spec_path)],
+    completed = subprocess.run([interpreter, str(Path(__file__).resolve()), "--run-one", str(spec_path)],
                                env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if completed.returncode != 0:
         sys.exit(f"benchmark: {system} {stage} failed with exit status {completed.returncode}:\n"
@@ -440,6 +443,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Override an alignflow config key in every alignflow run, e.g. train.group_by_length=false.")
     parser.add_argument("--user-defaults", action="store_true", help="Each system as a user runs it: its own thread "
                         "count, OpenMP's default (spinning) wait, alignflow's MLflow tracking on (TRL reports nowhere).")
+    parser.add_argument("--model", choices=list(MODEL_SHAPES), default="small",
+                        help="The Llama every stage trains: small (4 x 256, 3.2M) or large (8 x 1024, 96M).")
+    parser.add_argument("--alignflow-python", default=sys.executable,
+                        help="The interpreter of alignflow's runs: e.g. .venv-vllm/bin/python (make test-vllm's "
+                        "environment) with --set 'rollout.engine=\"vllm\"', TRL's runs staying in this one.")
     parser.add_argument("--json", type=Path, help="Also write every run's figures and the summary here.")
     parser.add_argument("--keep", type=Path, help="Write the workload and runs here and keep them.")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
@@ -472,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
             work_dir.mkdir(parents=True, exist_ok=True)
         else:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alignflow-side-by-side-")))
-        files = write_workload(work_dir / "workload")
+        files = write_workload(work_dir / "workload", args.model)
         results: dict[tuple[str, str], list[dict]] = {(s, t): [] for s in args.systems for t in args.stages}
         run_index = 0
         for repeat in range(args.repeats):
@@ -482,7 +490,8 @@ def main(argv: list[str] | None = None) -> None:
                 for system in order:
                     run_index += 1
                     raw = launch(system, stage, files, work_dir, run_index, args.max_steps, args.set,
-                                 args.user_defaults)
+                                 args.user_defaults,
+                                 args.alignflow_python if system == "alignflow" else sys.executable)
                     result = figures(raw)
                     results[(system, stage)].append(result)
                     shares = "  ".join(f"{phase} {share:.0%}" for phase, share in raw.get("time_shares", {}).items()
@@ -491,7 +500,8 @@ def main(argv: list[str] | None = None) -> None:
                           f"{result['tokens_per_second']:8.0f} tok/s  {result['samples_per_second']:7.1f} samples/s  "
                           f"{result['peak_rss_mb']:5.0f} MB  loss {result['loss']:.4f}  "
                           f"({result['wall_seconds']:.0f} s){'  ' + shares if shares else ''}", flush=True)
-    print(f"\nmodel: Llama {NUM_LAYERS}x{HIDDEN_SIZE} (MLP {INTERMEDIATE_SIZE}), char tokenizer; batch {BATCH_SIZE}; "
+    layers, hidden, mlp, _, _ = MODEL_SHAPES[args.model]
+    print(f"\nmodel: Llama {layers}x{hidden} (MLP {mlp}), char tokenizer; batch {BATCH_SIZE}; "
           f"fp32; {NUM_THREADS} threads; steps {args.max_steps or 'one epoch'}; medians of {args.repeats}; "
           "x = alignflow / TRL, the median of each repeat's own ratio")
     summary = []

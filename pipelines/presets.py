@@ -37,7 +37,8 @@ TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 15, "sft_settings": TINY_SUPERVISED
 # character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
 # epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81 (seed 42). NOT TUNED: GRPO
 # (temperature 0.5, lr 1e-4) gains two answers at seed 42 and the gate opens there, but loses 0.06-0.17 on the five
-# other seeds measured (benchmarks/tiny_preset.md, 3 December 2026).
+# other seeds measured: AdamW's steps on these noisy 64-episode gradients drift the weights. 32 prompts a step at
+# lr 3e-5 gains on 4 of 6 seeds (mean +0.02) but samples 4x the episodes (benchmarks/tiny_preset.md, 3 December 2026).
 TINY_AGENT_RUN = {
     "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
     "max_new_tokens": 80,

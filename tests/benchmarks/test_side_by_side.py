@@ -47,6 +47,19 @@ def test_the_workload_has_the_stated_sizes_and_lengths(tmp_path):
     assert (files["model"] / "config.json").is_file()
 
 
+@pytest.mark.parametrize(("model", "parameters"), [("small", 3.2e6), ("large", 96e6)])
+def test_each_model_choice_is_a_llama_of_its_stated_size(model, parameters):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    layers, hidden, mlp, heads, kv_heads = side_by_side.MODEL_SHAPES[model]
+    config = LlamaConfig(vocab_size=101, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=False)
+    with torch.device("meta"):  # counted, not allocated
+        count = LlamaForCausalLM(config).num_parameters()
+    assert abs(count - parameters) / parameters < 0.05, count
+
+
 def test_text_has_exactly_the_asked_length():
     rng = random.Random(0)
     assert [len(side_by_side._text(rng, n)) for n in (1, 16, 200)] == [1, 16, 200]

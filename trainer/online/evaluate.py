@@ -7,7 +7,8 @@ scored by `generate_and_score`, the sum all-reduced. Answers are sampled by the 
 a candidate, a baseline and, when given, the registry's champion with the checkable reward
 function and, optionally, a reward model, and writes `final_metrics.json` (`reward`,
 `baseline_reward`, `champion_reward`, `improvement`, `rm_score`, `baseline_rm_score`,
-`champion_rm_score`) and `samples.jsonl` (the models' answers side by side).
+`champion_rm_score`; with an `environment`, each model's `tool_calls_per_episode` and
+`valid_tool_call_fraction` too) and `samples.jsonl` (the models' answers side by side).
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict
     return [total / max(count, 1) for total in sums], rollouts
 
 
+def tool_call_counts(rollouts: list[ScoredRollout], num_rows: int, device: torch.device) -> dict[str, float]:
+    """Over all ranks' episodes: tool calls per episode, and the share of calls that were valid (parsed, a known
+    tool, ran without error; 0 when no call was made)."""
+    calls = valid = 0.0
+    for rollout in rollouts:  # each rollout's `agent/*` metrics are means over its own episodes
+        made = rollout.metrics["agent/tool_calls_per_episode"] * len(rollout.prompts)
+        calls += made
+        valid += rollout.metrics["agent/valid_tool_call_fraction"] * made
+    valid, calls = all_reduce_sum(torch.tensor([valid, calls], dtype=torch.float64, device=device)).tolist()
+    return {"tool_calls_per_episode": calls / max(num_rows, 1),
+            "valid_tool_call_fraction": valid / calls if calls else 0.0}
+
+
 def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[Any], list[str]]:
     """The scorers of an evaluation, with the metric name each one reports."""
     scorers, names = [], []
@@ -119,6 +133,9 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
         finally:
             engine.close()  # one model's engine at a time
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
+        if agent is not None:  # multi-turn episodes: how the model used its tools
+            counts = tool_call_counts(rollouts, len(rows), device)
+            metrics.update({f"{prefix}{name}": value for name, value in counts.items()})
         samples[prefix or "candidate"] = [s for rollout in rollouts for s in rollout.samples(len(rollout.prompts))]
         logger.info("%s: %s", path, ", ".join(f"{n}={v:.4f}" for n, v in zip(names, means)))
         del engine

@@ -89,6 +89,7 @@ def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_f
         "environment": {"name": "tiny_calculator", "max_turns": 2}})
     metrics = run_evaluation(config)
     assert metrics["reward"] == metrics["baseline_reward"] == 0.0  # a random model never answers a product
+    assert metrics["tool_calls_per_episode"] == metrics["valid_tool_call_fraction"] == 0.0  # nor calls the tool
     samples = (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 4  # one episode per held-out row, rendered for the report
 
@@ -104,3 +105,15 @@ def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_pat
                     environment={"name": "tools", "max_turn": 3})
     with pytest.raises(ConfigError, match="environment.tools is 'os:system', which is not an allowed tool"):
         AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())
+
+
+def test_tool_call_validity_is_weighted_by_the_calls_each_rollout_made():
+    from trainer.online.evaluate import tool_call_counts
+    from trainer.online.rollout import ScoredRollout
+
+    def rollout(episodes, calls_per_episode, valid_fraction):
+        return ScoredRollout({}, ["p"] * episodes, [], None, None, metrics={
+            "agent/tool_calls_per_episode": calls_per_episode, "agent/valid_tool_call_fraction": valid_fraction})
+
+    counts = tool_call_counts([rollout(4, 1.0, 0.5), rollout(2, 3.0, 1.0)], 6, torch.device("cpu"))
+    assert counts == {"tool_calls_per_episode": 10 / 6, "valid_tool_call_fraction": (2 + 6) / 10}
