@@ -165,7 +165,7 @@ class VLLMConfig(Section):
         "auto", description="How a LoRA actor's weights reach the engine at each sync: `adapter` pushes only the "
         "adapter (vLLM's LoRA support; the engine keeps the frozen base weights it started with), `merged` streams "
         "every weight with the adapter merged in. `auto`: adapter on GPUs, merged on the CPU, where vLLM's LoRA "
-        "products made sampling 1.5-2.2x slower while the push saved under 0.3 s per sync (benchmarks/README.md). "
+        "products made sampling 1.6-2.3x slower while the push saved under 0.3 s per sync (benchmarks/README.md). "
         "No effect without model.lora.",
     )
 

@@ -45,7 +45,7 @@ PEFT_PREFIX = "base_model.model."
 def uses_adapter(options: VLLMConfig, lora: LoraConfig | None, on_cpu: bool) -> bool:
     """Whether syncs push the adapter alone: `lora_sync` as set, `auto` resolved.
 
-    `auto` merges on the CPU: there vLLM's LoRA products (`PunicaWrapperCPU`) made each sampled batch 1.5-2.2x
+    `auto` merges on the CPU: there vLLM's LoRA products (`PunicaWrapperCPU`) made each sampled batch 1.6-2.3x
     slower, while the adapter's push saved under 0.3 s per sync on a 96M model (`benchmarks/lora_sync.py`).
     On GPUs it pushes the adapter, which is what vLLM's GPU LoRA kernels are built for and where a full-weight
     push of a large model costs seconds and a copy of every weight; that side is not measured here (no GPU).
@@ -72,8 +72,7 @@ def adapter_tensors(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
     tensor is gathered, as `weight_stream` does)."""
     model = unwrap_model(policy)
     state = model.state_dict()
-    adapted = {name[:-len(piece)]: piece for name in state for piece in ADAPTER_PIECES if name.endswith(piece)}
-    layers = sorted(adapted)
+    layers = sorted({name[:-len(piece)] for name in state for piece in ADAPTER_PIECES if name.endswith(piece)})
     # The checkpoint name of each adapted layer's weight (`model.layers.0.self_attn.q_proj.weight` and the like).
     mapping = checkpoint_name_map(model, [f"{layer}.weight" for layer in layers]) or {}
     for name, tensor in state.items():

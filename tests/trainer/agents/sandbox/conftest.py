@@ -186,6 +186,8 @@ def stand_in():
         process.stdin.close()
         process.wait(timeout=30)
         shutil.rmtree(base, ignore_errors=True)
+        if pod is not None:  # its mounts went with its process's namespace
+            shutil.rmtree(pod.base, ignore_errors=True)
 
 
 TOKEN = "service-token-for-tests-0123456789"
