@@ -45,7 +45,8 @@ def evaluate_model(
         prompts: Held-out prompt rows with answers.
         metrics: `reward` and `baseline_reward` (mean checkable reward from the reward function),
             `improvement`, and with a reward model `rm_score` and `baseline_rm_score`; with a champion
-            `champion_reward` (`champion_rm_score`) and `champion_version`.
+            `champion_reward` (`champion_rm_score`) and `champion_version`; with an `environment`, each model's
+            `tool_calls_per_episode` and `valid_tool_call_fraction` (`baseline_...`).
         report: A Markdown comparison with sample answers side by side.
         run_id: The pipeline run id (names the job).
         reward_model: Optional reward model whose mean score is reported too.

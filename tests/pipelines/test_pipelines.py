@@ -301,6 +301,9 @@ def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
     evaluation = summary["evaluate-model"]["metrics"]
     assert within(evaluation["baseline_reward"], (0.75, 0.90)), evaluation
     assert within(evaluation["improvement"], (1 / 64, 0.10)), evaluation  # at least one more answer right
+    # Every held-out episode calls the calculator, and every call is valid, before GRPO and after.
+    assert evaluation["tool_calls_per_episode"] == evaluation["baseline_tool_calls_per_episode"] == 1.0, evaluation
+    assert evaluation["valid_tool_call_fraction"] == evaluation["baseline_valid_tool_call_fraction"] == 1.0, evaluation
     assert "register-model" in summary
     metrics = [json.loads(line) for line in (run.run_dir / "train-grpo" / "job" / "metrics.jsonl").read_text()
                .splitlines()]
