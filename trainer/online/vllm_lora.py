@@ -14,8 +14,9 @@ goes stale: only the adapter changes. With `adapter`, the engine starts with vLL
 What moves per sync is the adapter (r x (in + out) numbers per adapted layer) instead of every weight of
 the model, and nothing is merged or repacked. The price is at sampling: vLLM adds the adapter's two thin
 matrix products to each adapted layer on every decode step. `benchmarks/lora_sync.py` measures both ways;
-`auto` takes what it found faster (see `uses_adapter`). `merged` (`trainer.online.weight_stream`) is the
-fallback for everything this path does not take: rank above vLLM's largest, a model vLLM has no LoRA for.
+`auto` takes what it found faster (see `uses_adapter`). `merged` (`trainer.online.weight_stream`) is what
+`auto` falls back to above vLLM's largest rank. A model vLLM has no LoRA support for is not detected here:
+`adapter` (or `auto` on a GPU) fails at the engine's start with vLLM's own message, and `merged` is the choice.
 """
 
 from __future__ import annotations
