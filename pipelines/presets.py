@@ -6,8 +6,8 @@ and the addition task under the run's root and passes their paths as the input U
 hyper-parameters that suit a 2-layer model on a CPU.
 
 `tiny` is tuned so that every pipeline's candidate beats its SFT baseline on the held-out prompts
-(greedy accuracy, checked by the task) and the registration gate opens (rlhf-agent runs on the tiny
-tool-use task instead, and only at seed 42: see TINY_AGENT_RUN); `tiny-reward-hacking`
+(greedy accuracy, checked by the task) and the registration gate opens (rlhf-agent on the tiny
+tool-use task instead: see TINY_AGENT_RUN); `tiny-reward-hacking`
 (rlhf-ppo only) is the same run with PPO's KL penalty removed and a 4x learning rate, so PPO
 over-optimises its reward model and the gate stays closed; `tiny-vllm` (rlhf-grpo, rlhf-ppo) samples
 with vLLM (`rollout_engine: vllm`) on a tiny model vLLM's CPU attention can run. `benchmarks/tiny_preset.py` reproduces
@@ -33,20 +33,19 @@ TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 15, "sft_settings": TINY_SUPERVISED
                "reward_function": "trainer.tiny.task:reward", "max_new_tokens": 4}
 
 # rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
-# are one tool call, its result and the answer (about 85 model tokens: the tiny tokenizer spells the call character by
-# character). SFT learns to copy the operands into the call and the result into the answer all at once between 8
-# epochs (0 of the 64 held-out products right) and 12 (0.92); 10 epochs leave it at 0.81 (seed 42). NOT TUNED: GRPO
-# (temperature 0.5, lr 1e-4) gains two answers at seed 42 and the gate opens there, but loses 0.06-0.17 on the five
-# other seeds measured: AdamW's steps on these noisy 64-episode gradients drift the weights. 32 prompts a step at
-# lr 3e-5 gains on 4 of 6 seeds (mean +0.02) but samples 4x the episodes (benchmarks/tiny_preset.md, 3 December 2026).
+# are one tool call, its result and the answer (about 100 tokens: the tiny tokenizer spells the call character by
+# character). Its SFT traces come from a teacher that mostly writes `35x48` when the first number ends in 0 or 5 (an
+# invalid call, then an answer from memory); SFT copies that habit and GRPO unlearns it, which raises accuracy and
+# tool-call validity on every seed measured (benchmarks/tiny_preset.md). 12 SFT epochs: at 10 the copying of the
+# operands is still unlearnt on some seeds (0.03 right at seed 42).
 TINY_AGENT_RUN = {
-    "sft_lr": 3e-3, "sft_epochs": 10, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
+    "sft_lr": 3e-3, "sft_epochs": 12, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
     "max_new_tokens": 80,
-    "sft_settings": {**TINY_SUPERVISED, "data.max_length": 128, "train.micro_batch_size": 32},
+    "sft_settings": {**TINY_SUPERVISED, "data.max_length": 192, "train.micro_batch_size": 32},
     "grpo_lr": 1e-4, "grpo_episodes": 20, "grpo_generations": 8,
     "grpo_settings": {**TINY_ONLINE, "generation.max_new_tokens": 80, "generation.temperature": 0.5,
                       "grpo.rollout_batch_size": 8, "grpo.mini_batch_size": 64, "environment.max_turns": 3,
-                      "environment.max_total_tokens": 120}}
+                      "environment.max_total_tokens": 200}}
 
 TINY = {
     # DPO+NLL (rpo_alpha 1, as in Pang et al. 2024): plain DPO widens the chosen-rejected margin while

@@ -293,22 +293,26 @@ def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(prese
 
 
 def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
-    """rlhf-agent on `tiny` (the tool-use task) at seed 42 (3 December 2026): SFT 0.81 of the 64 held-out products, GRPO over
-    multi-turn calculator episodes 0.84, the gate registers it; every episode's tool call was valid at the end.
-    Seed 42 only: on five other seeds GRPO lost accuracy (benchmarks/tiny_preset.md), the preset is not tuned."""
+    """rlhf-agent on `tiny` (the tool-use task) at seed 42 (3 December 2026): SFT copies its teacher's invalid
+    `35x48` calls and gets 0.77 of the 64 held-out products right with 0.84 of its calls valid; GRPO over multi-turn
+    calculator episodes unlearns the habit: 0.86 right, every call valid, and the gate registers it. The bounds are
+    the six seeds' spreads (benchmarks/tiny_preset.md): 0.70-0.88 -> 0.77-0.92, validity 0.84-0.92 -> 0.97-1.0."""
     run = cli_runs("tiny", "rlhf-agent")
     summary = run.summary()
     evaluation = summary["evaluate-model"]["metrics"]
-    assert within(evaluation["baseline_reward"], (0.75, 0.90)), evaluation
-    assert within(evaluation["improvement"], (1 / 64, 0.10)), evaluation  # at least one more answer right
-    # Every held-out episode calls the calculator, and every call is valid, before GRPO and after.
+    assert within(evaluation["baseline_reward"], (0.70, 0.88)), evaluation
+    assert within(evaluation["reward"], (0.77, 0.93)), evaluation
+    assert within(evaluation["improvement"], (3 / 64, 0.15)), evaluation  # at least three more answers right
+    # Every held-out episode calls the calculator once, before GRPO and after; more of the calls are valid after.
     assert evaluation["tool_calls_per_episode"] == evaluation["baseline_tool_calls_per_episode"] == 1.0, evaluation
-    assert evaluation["valid_tool_call_fraction"] == evaluation["baseline_valid_tool_call_fraction"] == 1.0, evaluation
+    assert within(evaluation["baseline_valid_tool_call_fraction"], (0.84, 0.93)), evaluation
+    assert within(evaluation["valid_tool_call_fraction"], (0.96, 1.0)), evaluation
     assert "register-model" in summary
     metrics = [json.loads(line) for line in (run.run_dir / "train-grpo" / "job" / "metrics.jsonl").read_text()
                .splitlines()]
-    episodes = [line for line in metrics if "agent/valid_tool_call_fraction" in line]
-    assert episodes[-1]["agent/valid_tool_call_fraction"] == 1.0 and episodes[-1]["agent/turns_per_episode"] == 2.0
+    validity = [line["agent/valid_tool_call_fraction"] for line in metrics if "agent/valid_tool_call_fraction" in line]
+    # The sampled episodes' calls, GRPO's first step against its last five (0.77 -> 0.98-1.0 at seed 42).
+    assert len(validity) == 20 and validity[0] < 0.9 and min(validity[-5:]) >= 0.95, validity
 
 
 def test_grpo_report_shows_sample_rollouts(cli_runs):

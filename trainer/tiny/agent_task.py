@@ -11,7 +11,13 @@ the calculator and copy its answer:
 SFT rows are such conversations (OpenAI-style `tool_calls` and `tool` messages; only the assistant
 turns are trained), prompt rows carry the answer for the reward (`tiny_calculator`: the last turn
 is exactly the product), and `CalculatorEnvironment` (built-in environment `tiny_calculator`) runs
-the episodes. Every fifth problem of a fixed shuffle is held out for evaluation.
+the episodes. The first 64 problems of a fixed shuffle are held out for evaluation.
+
+The traces come from a teacher with a bad habit, which SFT copies and reinforcement learning has to
+unlearn: when the first number ends in 0 or 5, it mostly writes the product as `35x48`. The
+calculator rejects that (an invalid tool call), and the teacher then answers from memory, which the
+tiny model cannot do. So SFT's model makes invalid calls and wrong answers on about a fifth of the
+problems, and an episode that writes `*` there is the only way to the reward.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import random
 from pathlib import Path
 
 from trainer.agents.environment import ToolEnvironment
+from trainer.agents.tools import ToolBox, as_tool
 from trainer.tiny.task import write_jsonl
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -33,7 +40,11 @@ def calculator(expression: str) -> str:
     """Evaluate an integer arithmetic expression (+, -, *, //, %, parentheses)."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
-    return str(_evaluate(ast.parse(expression, mode="eval").body))
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:  # Python's message is long, and an episode's tokens are few
+        raise ValueError("not arithmetic") from None
+    return str(_evaluate(tree.body))
 
 
 def _evaluate(node: ast.AST) -> int:
@@ -68,12 +79,30 @@ def problems(seed: int = 0) -> list[tuple[str, str]]:
     return [(f"{a}*{b}=", str(a * b)) for a, b in pairs]
 
 
+# The teacher's habit: on problems whose first number ends in one of these digits, it writes `x` for `*` in
+# this share of its traces (decided per problem, the same on every run). Above a half, so SFT's greedy
+# call has the habit; well below one, so a sampled episode at the presets' temperature writes `*` often
+# enough for GRPO to find the reward.
+HABIT_DIGITS = "05"
+HABIT_SHARE = 0.6
+
+
+def teacher_slips(prompt: str) -> bool:
+    """Whether the teacher's trace of `prompt` writes the call with `x` (its habit)."""
+    return prompt.split("*")[0][-1] in HABIT_DIGITS and random.Random(prompt).random() < HABIT_SHARE
+
+
 def trace(prompt: str, answer: str) -> dict:
-    """The SFT conversation of one problem: the call, the tool's result, the answer."""
-    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": prompt[:-1]}}}
+    """The teacher's SFT conversation of one problem: the call, the tool's result, the answer.
+
+    When the teacher slips, its call gets the calculator's error (the same text an episode would see),
+    and it answers from memory."""
+    expression = prompt[:-1].replace("*", "x") if teacher_slips(prompt) else prompt[:-1]
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+    result = ToolBox([as_tool(calculator, "calculator")]).call("calculator", {"expression": expression}).content
     return {"messages": [{"role": "user", "content": prompt},
                          {"role": "assistant", "content": "", "tool_calls": [call]},
-                         {"role": "tool", "content": answer},
+                         {"role": "tool", "content": result},
                          {"role": "assistant", "content": answer}]}
 
 
