@@ -36,8 +36,9 @@ the only one whose value depends on how the batch is split (that is its definiti
 Which tokens count: `loss_mask` when the batch carries one (rows that dynamic sampling or
 `mask_truncated_completions` dropped are 0), else `action_mask`. When the update is exactly on-policy
 the batch has no `old_logps` and the ratio is taken against the current log-probs as constants
-(`ppo.old_or_current_logps`). Stale experience of the asynchronous engine multiplies the policy term
-by the batch's `importance_weights`; the KL term is left unweighted.
+(`ppo.old_or_current_logps`). Stale experience of the asynchronous engine and the rollout correction
+multiply the policy term by the batch's `importance_weights` (or, exactly on-policy, by the weights
+`CorrectionInUpdate` takes from this forward); the KL term is left unweighted.
 
 Logged metrics (each averaged the way the loss is): `loss`, `clip_fraction` (share of tokens whose
 update the clip cut off: r below 1 - epsilon with A < 0 or above 1 + epsilon_high with A > 0; for
@@ -53,6 +54,7 @@ from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput
 from trainer.algorithms.ppo import clipped_surrogate, kl_estimate, old_or_current_logps, response_logps
+from trainer.algorithms.rollout_correction import CorrectionInUpdate
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 CLIPPED_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")
@@ -176,12 +178,14 @@ class GRPOObjective:
         vespo_shape: VESPO's (k_pos, lambda_pos, k_neg, lambda_neg).
         use_bias_correction_kl: Multiply the KL term by the ratio r (with its gradient), which makes the KL
             gradient the unbiased reverse-KL gradient off-policy (DeepSeek-V3.2, 2025; TRL's default).
+        correction: The rollout correction taken in this update's forward (`CorrectionInUpdate`), or None.
     """
 
     def __init__(self, *, epsilon: float, epsilon_high: float | None = None, beta: float = 0.0,
                  loss_type: str = "dapo", importance_sampling_level: str = "token",
                  max_completion_length: int | None = None, sapo_temperatures: tuple = (1.0, 1.05),
-                 vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0), use_bias_correction_kl: bool = False) -> None:
+                 vespo_shape: tuple = (2.0, 3.0, 3.0, 2.0), use_bias_correction_kl: bool = False,
+                 correction: CorrectionInUpdate | None = None) -> None:
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {loss_type!r}, expected one of {LOSS_TYPES}")
         if loss_type == "dr_grpo" and not max_completion_length:
@@ -195,6 +199,7 @@ class GRPOObjective:
         self.sapo_temperatures = sapo_temperatures
         self.vespo_shape = vespo_shape
         self.use_bias_correction_kl = use_bias_correction_kl
+        self.correction = correction
 
     @staticmethod
     def loss_mask(batch: dict[str, Tensor]) -> Tensor:
@@ -211,8 +216,10 @@ class GRPOObjective:
             logps, old_or_current_logps(batch, logps), batch["advantages"], mask, loss_type=self.loss_type,
             epsilon=self.epsilon, epsilon_high=self.epsilon_high, level=self.level,
             sapo_temperatures=self.sapo_temperatures, vespo_shape=self.vespo_shape)  # (B, T) each
-        if "importance_weights" in batch:  # stale experience (the asynchronous engine); w >= 0
-            losses = batch["importance_weights"] * losses
+        # Stale experience (the asynchronous engine) or the rollout correction; w >= 0.
+        importance = self.correction.weights(batch, logps) if self.correction else batch.get("importance_weights")
+        if importance is not None:
+            losses = importance * losses
         weights, count = aggregation_weights(mask, self.loss_type, self.max_completion_length)  # (B, T), ()
         stats = {"clip_fraction": (clipped * weights).sum()}
         if self.beta > 0:  # beta 0: the batch has no reference log-probs, and the term would be 0

@@ -14,11 +14,13 @@ from typing import Any
 
 from trainer.algorithms.grpo import GRPOObjective
 from trainer.algorithms.ppo import PPOActorObjective, PPOCriticObjective
+from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.config import GRPOConfig, OnlineStageConfig
 
 
-def build_actor_objective(config: OnlineStageConfig) -> Any:
-    """The policy objective of the stage: GRPO's, or PPO's clipped surrogate (+ entropy, ptx)."""
+def build_actor_objective(config: OnlineStageConfig, correction: CorrectionInUpdate | None = None) -> Any:
+    """The policy objective of the stage: GRPO's, or PPO's clipped surrogate (+ entropy, ptx), with `correction`
+    where the colocated loop takes the rollout correction in the update's forward."""
     if isinstance(config, GRPOConfig):
         options = config.grpo
         return GRPOObjective(
@@ -28,9 +30,10 @@ def build_actor_objective(config: OnlineStageConfig) -> Any:
             max_completion_length=config.generation.max_new_tokens,
             sapo_temperatures=(options.sapo_temperature_pos, options.sapo_temperature_neg),
             vespo_shape=(options.vespo_k_pos, options.vespo_lambda_pos, options.vespo_k_neg, options.vespo_lambda_neg),
-            use_bias_correction_kl=options.use_bias_correction_kl)
+            use_bias_correction_kl=options.use_bias_correction_kl, correction=correction)
     options = config.ppo
-    return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef)
+    return PPOActorObjective(cliprange=options.cliprange, entropy_coef=options.entropy_coef, ptx_coef=options.ptx_coef,
+                             correction=correction)
 
 
 def build_critic_objective(config: OnlineStageConfig) -> Any:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput, masked_mean, token_logps
+from trainer.algorithms.rollout_correction import CorrectionInUpdate
 
 
 def kl_estimate(logps: Tensor, ref_logps: Tensor, estimator: str = "k1") -> Tensor:
@@ -232,10 +233,12 @@ class PPOActorObjective:
     it, times `ptx_coef`, is added.
     """
 
-    def __init__(self, *, cliprange: float, entropy_coef: float = 0.0, ptx_coef: float = 0.0) -> None:
+    def __init__(self, *, cliprange: float, entropy_coef: float = 0.0, ptx_coef: float = 0.0,
+                 correction: CorrectionInUpdate | None = None) -> None:
         self.cliprange = cliprange
         self.entropy_coef = entropy_coef
         self.ptx_coef = ptx_coef
+        self.correction = correction  # the rollout correction taken in this update's forward, or None
 
     def count_units(self, batch: dict[str, Tensor]) -> Tensor:
         return batch["action_mask"].sum().float()
@@ -244,8 +247,9 @@ class PPOActorObjective:
         mask = batch["action_mask"].float()
         logps, entropy = response_logps(model, batch, with_entropy=True)  # (B, T) each
         old_logps = old_or_current_logps(batch, logps)
+        importance = self.correction.weights(batch, logps) if self.correction else batch.get("importance_weights")
         losses, clipped = clipped_policy_loss(logps, old_logps, batch["advantages"], cliprange=self.cliprange,
-                                              importance_weights=batch.get("importance_weights"))
+                                              importance_weights=importance)
         total = (losses * mask).sum() - self.entropy_coef * (entropy * mask).sum()
         log_ratio = (logps - old_logps).detach()
         stats = {

@@ -13,7 +13,8 @@ tokens). Each token's loss is weighted by the importance ratio rho = pi / pi_b, 
 
 The asynchronous mode's staleness correction is `token_truncate` with C_max =
 `asynchronous.importance_sampling_cap` (`trainer.asynchronous.staleness`); the colocated loop's
-rollout correction takes its mode from `rollout.correction` (`trainer.online.loop`). Both call
+rollout correction takes its mode from `rollout.correction` (`trainer.online.loop`), and when the
+update is exactly on-policy it is taken in the update's own forward (`CorrectionInUpdate`). Both call
 `importance_weights` below, so the two are one computation.
 
 Statistics (detached, over response tokens; for sequence modes the ratio statistics are over
@@ -82,3 +83,48 @@ def importance_weights(target_logps: Tensor, behaviour_logps: Tensor, mask: Tens
         "weight_mean": masked_mean(weights, mask),
     }
     return weights, statistics
+
+
+class CorrectionInUpdate:
+    """The rollout correction taken in the update's own forward, for an exactly on-policy update.
+
+    The correction weighs each token by pi / pi_b, where pi is the trainer's log-prob of the sampled
+    token. When the update's only optimizer step runs on the weights that sampled the rollout, the
+    update's forward computes exactly those log-probs, so the separate forward over the rollout
+    (`logps_old`) is not needed: each micro-batch's weights come from its current log-probs as constants.
+    A row's weights depend on that row alone, so splitting into micro-batches changes nothing.
+
+    The objectives call `weights`; the loop logs `statistics` (the same as `importance_weights`
+    gives, over every row the step saw) after the step.
+
+    Args:
+        mode, clip_max, clip_min: As `importance_weights` takes them.
+    """
+
+    def __init__(self, mode: str, clip_max: float | None, clip_min: float | None = None) -> None:
+        self.mode, self.clip_max, self.clip_min = mode, clip_max, clip_min
+        self._seen: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def weights(self, batch: dict[str, Tensor], logps: Tensor) -> Tensor | None:
+        """The batch's importance weights: its own `importance_weights` when it has them; else, for a batch with
+        the engine's `behaviour_logps` and no `old_logps` (the loop left both to the update), the correction's
+        weights against the current `logps`; else None."""
+        if "importance_weights" in batch:
+            return batch["importance_weights"]
+        if "behaviour_logps" not in batch or "old_logps" in batch:
+            return None
+        target = logps.detach()
+        weights, _ = importance_weights(target, batch["behaviour_logps"], batch["action_mask"], mode=self.mode,
+                                        clip_max=self.clip_max, clip_min=self.clip_min)
+        self._seen.append((target, batch["behaviour_logps"], batch["action_mask"]))
+        return weights
+
+    def statistics(self) -> dict[str, float]:
+        """The statistics of every row weighed since the last call (empty if none), and forget them."""
+        if not self._seen:
+            return {}
+        target, behaviour, mask = (torch.cat(parts) for parts in zip(*self._seen))
+        self._seen = []
+        _, statistics = importance_weights(target, behaviour, mask, mode=self.mode, clip_max=self.clip_max,
+                                           clip_min=self.clip_min)
+        return {name: value.item() for name, value in statistics.items()}

@@ -11,7 +11,8 @@ Every optimizer step goes through `algorithms.update.train_step` with the algori
 Work that cannot change the result is left out: no reference model without a KL term
 (`needs_reference`), and no "old" log-prob forward when the episode's only optimizer step runs on
 the weights that sampled it (`is_exactly_on_policy`; the objective then takes the current log-probs
-as constants, `ppo.old_or_current_logps`). Responses are sampled through the configured
+as constants, `ppo.old_or_current_logps`, and the rollout correction of an engine's log-probs its
+trainer log-probs from the update's own forward, `rollout_correction.CorrectionInUpdate`). Responses are sampled through the configured
 `RolloutEngine` (`trainer.online.engines`).
 
 The algorithm glue the asynchronous engine (`trainer.asynchronous.verl`) shares with this loop
@@ -40,13 +41,14 @@ from trainer.algorithms.online_objectives import (
     is_exactly_on_policy,
 )
 from trainer.algorithms.ppo import response_logps, response_values
+from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.algorithms.update import NonFiniteGuard, train_step
 from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
-from trainer.online.correction import correct_rollout
+from trainer.online.correction import METRIC_PREFIX, correct_rollout
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import RolloutEngine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
@@ -117,6 +119,10 @@ class PPOTrainer(OLTrainer):
         self.samples: list[dict] = []  # a few (prompt, response, score) of the latest rollout, for reports
         self._experience: Experience | None = None  # the episode's experience, once concatenated
         self.timer = PhaseTimer()  # where each episode's time goes (`perf/time/*`)
+        # The rollout correction, taken in the update's forward when that is exactly on-policy (None: never).
+        correction = config.rollout.correction
+        self.correction_in_update = CorrectionInUpdate(correction.mode, correction.clip_max, correction.clip_min) \
+            if config.rollout.is_correcting else None
         self._episode_sizes = (0.0, 0.0)  # the episode's response tokens and responses, all ranks
 
     # -- collect ------------------------------------------------------------------------------------
@@ -149,7 +155,9 @@ class PPOTrainer(OLTrainer):
         """Add log-probs, values (PPO), rewards and advantages to freshly generated sequences.
 
         Old log-probs are left out when the update is exactly on-policy and no reference needs them
-        (for the KL-shaped rewards and `episode/kl_to_ref`); reference log-probs without a reference.
+        (for the KL-shaped rewards and `episode/kl_to_ref`); reference log-probs without a reference. The
+        rollout correction of the engine's log-probs is then taken in the update (`CorrectionInUpdate`), so it
+        needs no old log-probs either.
         """
         mask = batch["action_mask"].float()
         values = old_logps = ref_logps = None
@@ -158,7 +166,10 @@ class PPOTrainer(OLTrainer):
                 values = response_values(self.critic, batch) * mask
         has_reference = self.ref_model is not None
         correcting = self.config.rollout.is_correcting
-        if has_reference or correcting or not is_exactly_on_policy(self.config, self.sample_buffer):
+        on_policy = is_exactly_on_policy(self.config, self.sample_buffer)
+        in_update = (self.correction_in_update is not None and on_policy and not has_reference
+                     and "behaviour_logps" in batch)
+        if has_reference or (correcting and not in_update) or not on_policy:
             with self.timer.phase("logps_old"):
                 old_logps = response_logps(self.actor, batch) * mask
         if correcting and "behaviour_logps" not in batch:  # the hf engine sampled with these very weights
@@ -168,7 +179,7 @@ class PPOTrainer(OLTrainer):
                 ref_logps = response_logps(self.ref_model, batch) * mask
         experience = Experience(**batch, scores=scores, old_logps=old_logps, ref_logps=ref_logps, values=values,
                                 version=version)
-        if correcting:
+        if correcting and not in_update:
             experience, correction_metrics = correct_rollout(experience, self.config.rollout.correction)
             self.tracker.log_metrics(correction_metrics, self.global_step)
         return compute_advantages(experience, self.config, self.kl_controller.value)
@@ -211,7 +222,12 @@ class PPOTrainer(OLTrainer):
 
     def _update(self, batches: list[dict], step: int) -> dict[str, float]:
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
-                             build_actor_objective(self.config), self.config.optimizer.max_grad_norm)
+                             build_actor_objective(self.config, self.correction_in_update),
+                             self.config.optimizer.max_grad_norm)
+        if self.correction_in_update is not None:  # rank 0's rows, as `correct_rollout` logs them
+            statistics = self.correction_in_update.statistics()
+            if statistics:
+                self.tracker.log_metrics({METRIC_PREFIX + name: value for name, value in statistics.items()}, step)
         self.nonfinite.observe(metrics, step)  # a TrainingError after too many in a row
         metrics["train/nonfinite_skipped"] = float(self.nonfinite.total)
         if self.critic is not None:
