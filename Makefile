@@ -32,7 +32,7 @@ $(ACTIONLINT):
 
 test: venv $(ACTIONLINT)
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes): a line per
 # task as it starts and ends, then each run's summary; the executor logs go to $(DEMO_DIR)/logs/ (--verbose

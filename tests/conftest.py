@@ -35,19 +35,6 @@ def pytest_configure(config):
         pipelines()
 
 
-# The longest files, longest first. Each file runs whole in one worker (`--dist loadfile`), and pytest-xdist by
-# default hands out files with the most tests first: the pipeline runs' file (about ten minutes in 31 tests) then
-# went out late and ran on alone after the other worker had finished. The Makefile turns that reordering off
-# (`--no-loadscope-reorder`) and these go first, the rest in collection order (docs/testing.md).
-LONGEST_FILES_FIRST = ("tests/pipelines/test_pipelines.py", "tests/cluster/test_pipeline_run.py",
-                       "tests/cluster/test_multi_node.py", "tests/integration/test_async_faults.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {path: index for index, path in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: files keep their order
-
-
 @pytest.fixture(autouse=True)
 def root_logger_left_as_found():
     """Drop the stream handlers a test's in-process entry point added to the root logger (`logging.basicConfig`).
