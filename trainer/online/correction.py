@@ -13,9 +13,9 @@ The `hf` engine samples with the trainer's own weights and gives no log-probs of
 correction forced on, its behaviour log-probs are the trainer's, every weight is 1, and the run is
 the uncorrected one (the test that the correction changes nothing when engine and trainer agree).
 
-Logged metrics (each collect step, or each update step when taken in the update; rank 0's rows): `rollout_correction/kl`,
-`rollout_correction/clipped_fraction`, `rollout_correction/ratio_min`, `rollout_correction/ratio_max`,
-`rollout_correction/weight_mean`.
+Logged metrics (each collect step, or each update step when taken in the update; rank 0's rows):
+`rollout_correction/kl`, `rollout_correction/clipped_fraction`, `rollout_correction/ratio_min`,
+`rollout_correction/ratio_max`, `rollout_correction/weight_mean`.
 """
 
 from __future__ import annotations

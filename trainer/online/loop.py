@@ -11,9 +11,9 @@ Every optimizer step goes through `algorithms.update.train_step` with the algori
 Work that cannot change the result is left out: no reference model without a KL term
 (`needs_reference`), and no "old" log-prob forward when the episode's only optimizer step runs on
 the weights that sampled it (`is_exactly_on_policy`; the objective then takes the current log-probs
-as constants, `ppo.old_or_current_logps`, and the rollout correction of an engine's log-probs its
-trainer log-probs from the update's own forward, `rollout_correction.CorrectionInUpdate`). Responses are sampled through the configured
-`RolloutEngine` (`trainer.online.engines`).
+as constants, `ppo.old_or_current_logps`, and the rollout correction of an engine's log-probs takes
+the trainer's from the update's own forward, `rollout_correction.CorrectionInUpdate`). Responses are
+sampled through the configured `RolloutEngine` (`trainer.online.engines`).
 
 The algorithm glue the asynchronous engine (`trainer.asynchronous.verl`) shares with this loop
 lives in `trainer.algorithms` (`online_advantages.compute_advantages`, `online_objectives`'s
