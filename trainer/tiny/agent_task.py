@@ -87,6 +87,9 @@ HABIT_DIGITS = "05"
 HABIT_SHARE = 0.6
 
 
+_TEACHER_TOOLS = ToolBox([as_tool(calculator, "calculator")])  # what the teacher's calls get, as an episode's would
+
+
 def teacher_slips(prompt: str) -> bool:
     """Whether the teacher's trace of `prompt` writes the call with `x` (its habit)."""
     return prompt.split("*")[0][-1] in HABIT_DIGITS and random.Random(prompt).random() < HABIT_SHARE
@@ -99,7 +102,7 @@ def trace(prompt: str, answer: str) -> dict:
     and it answers from memory."""
     expression = prompt[:-1].replace("*", "x") if teacher_slips(prompt) else prompt[:-1]
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
-    result = ToolBox([as_tool(calculator, "calculator")]).call("calculator", {"expression": expression}).content
+    result = _TEACHER_TOOLS.call("calculator", {"expression": expression}).content
     return {"messages": [{"role": "user", "content": prompt},
                          {"role": "assistant", "content": "", "tool_calls": [call]},
                          {"role": "tool", "content": result},

@@ -16,8 +16,7 @@ def test_the_teacher_slips_only_where_the_first_number_ends_in_0_or_5_and_not_al
 
 
 def test_a_slipped_trace_holds_what_the_environment_answers_its_call_and_then_the_answer():
-    prompt = next(prompt for prompt, _ in problems() if teacher_slips(prompt))
-    answer = str(eval(prompt[:-1]))  # noqa: S307 - the task's own two-digit product
+    prompt, answer = next((prompt, answer) for prompt, answer in problems() if teacher_slips(prompt))
     messages = trace(prompt, answer)["messages"]
     call_turn = plain_messages(messages)[1]["content"]
     assert prompt[:-1].replace("*", "x") in call_turn
