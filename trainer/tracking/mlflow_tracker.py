@@ -1,7 +1,9 @@
 """MLflow tracking from rank 0, built so that a tracking outage never stops training.
 
-Metrics are queued and sent in batches by a background thread: when the server is down the thread
-warns once, keeps the values, and retries with backoff; `close` waits a bounded time for the
+Metrics are queued and sent in batches by a background thread, at most one call every
+`SEND_INTERVAL_SECONDS` (a flush or `close` sends at once): a call per optimizer step made a GRPO run of
+short steps 18-33% slower, the sender's work taking CPU from the training threads
+(benchmarks/README.md). When the server is down the thread warns once, keeps the values, and retries with backoff; `close` waits a bounded time for the
 queue to drain and reports what could not be sent (those values are still in `metrics.jsonl`).
 `mlflow` is imported here only, and only when a tracker is built (it costs seconds to import).
 
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_QUEUED = 100_000
 CLOSE_TIMEOUT_SECONDS = 30.0
+SEND_BATCH = 1000  # values per call
+SEND_INTERVAL_SECONDS = 5.0  # how long values wait to be sent together; metrics.jsonl has each at once
 
 
 class TrackingUnavailable(RuntimeError):
@@ -117,6 +121,8 @@ class MlflowTracker:
         self._failures = 0
         self._dropped = 0
         self._is_unreachable = False  # set by the sender during an outage
+        self._flushing = 0  # callers waiting in `flush`: the sender does not wait for the interval then
+        self._next_send = 0.0  # monotonic time of the sender's next call (the first values go at once)
         self._sender = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._sender.start()
         self._system_monitor = self._start_system_metrics() if config.system_metrics else None
@@ -229,9 +235,14 @@ class MlflowTracker:
         """Wait up to `timeout` seconds for queued values to be sent; return how many remain."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._queue and time.monotonic() < deadline:
-                self._lock.wait(timeout=0.1)
-            return len(self._queue)
+            self._flushing += 1
+            self._lock.notify_all()
+            try:
+                while self._queue and time.monotonic() < deadline:
+                    self._lock.wait(timeout=0.1)
+                return len(self._queue)
+            finally:
+                self._flushing -= 1
 
     def _send_loop(self) -> None:
         from mlflow.entities import Param
@@ -239,11 +250,15 @@ class MlflowTracker:
         delay, warned = 1.0, False
         while True:
             with self._lock:
-                while not self._queue and not self._closing:
-                    self._lock.wait()
+                while not self._closing:
+                    wait = self._next_send - time.monotonic()
+                    if self._queue and (wait <= 0 or self._flushing or len(self._queue) >= SEND_BATCH):
+                        break
+                    self._lock.wait(timeout=wait if self._queue else None)
                 if self._closing:
                     return
-                batch = self._queue[:1000]
+                batch = self._queue[:SEND_BATCH]
+                self._next_send = time.monotonic() + SEND_INTERVAL_SECONDS
             params = [item for item in batch if isinstance(item, Param)]
             metrics = [item for item in batch if not isinstance(item, Param)]
             try:
