@@ -7,6 +7,8 @@ when a config asks for it, so nothing else needs vLLM installed).
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 
 from torch import nn
@@ -14,6 +16,8 @@ from torch import nn
 from trainer.config import RolloutConfig
 from trainer.errors import ConfigError
 from trainer.online.engines import EngineSetup, HFGenerateEngine, RolloutEngine
+
+logger = logging.getLogger(__name__)
 
 
 def build_vllm_engine(policy: nn.Module | None, config: RolloutConfig, setup: EngineSetup | None) -> RolloutEngine:
@@ -51,4 +55,6 @@ def build_rollout_engine(config: RolloutConfig, policy: nn.Module | None,
     if config.engine not in ROLLOUT_ENGINES:  # the config's choices and this table are kept in step
         raise ConfigError(f"rollout.engine: unknown engine {config.engine!r}; expected one of "
                           f"{', '.join(sorted(ROLLOUT_ENGINES))}")
+    logger.info("rollout engine %s, CPU sampling threads: %s (rollout.num_threads; OMP_WAIT_POLICY %s)",
+                config.engine, config.num_threads, os.environ.get("OMP_WAIT_POLICY", "unset"))
     return ROLLOUT_ENGINES[config.engine](policy, config, setup)

@@ -9,8 +9,9 @@ sample through it; what happens to the tokens afterwards (stop tokens, masks, de
 
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
-nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (1 by default:
-decode steps are too small to split across threads). An FSDP2-sharded policy's forward all-gathers
+nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (`sampling_threads`:
+by default 1 for small batches where OpenMP's threads wait passively, since waking a thread costs more
+than a tiny decode step's product saves, and the training's threads otherwise). An FSDP2-sharded policy's forward all-gathers
 its layers (a collective), so it samples with `synced_gpus=True`: a rank whose responses all ended
 keeps running forwards until every rank's have, and all ranks make the same number of calls.
 
@@ -28,6 +29,7 @@ only when asked for; the loops take the engine they sample with as an argument. 
 from __future__ import annotations
 
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -117,10 +119,11 @@ class HFGenerateEngine(RolloutEngine):
 
     Args:
         model: The policy (possibly wrapped by a booster); sampling uses its weights as they are.
-        num_threads: CPU intra-op threads while sampling on the CPU; None keeps the process's setting.
+        num_threads: CPU intra-op threads while sampling on the CPU (`rollout.num_threads`: `auto` decides per
+            call, `sampling_threads`); None keeps the process's setting.
     """
 
-    def __init__(self, model: nn.Module, num_threads: int | None = None) -> None:
+    def __init__(self, model: nn.Module, num_threads: int | str | None = None) -> None:
         self.model = model
         self.num_threads = num_threads
 
@@ -134,7 +137,8 @@ class HFGenerateEngine(RolloutEngine):
         was_training = policy.training
         policy.eval()
         try:
-            with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
+            threads = sampling_threads(self.num_threads, len(prompt_ids))
+            with cpu_threads(threads if prompt_ids.device.type == "cpu" else None):
                 output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                                          max_new_tokens=options.max_new_tokens, eos_token_id=stop_token_ids,
                                          pad_token_id=pad_token_id, use_cache=True,
@@ -181,6 +185,28 @@ def cpu_threads(count: int | None) -> Iterator[None]:
     finally:
         if count is not None:
             torch.set_num_threads(previous)
+
+
+# Under passive OpenMP waits, the batch size (rows sampled at once) from which a decode step's products are large
+# enough to pay for waking a second thread: HF `generate` of the 3.2M benchmark model, 64 new tokens, 1 thread
+# against 2 took 0.80x the time at 64 rows, 0.93x at 96, 1.03x at 128 and 1.10x at 256 (benchmarks/README.md).
+PASSIVE_ROWS_FOR_ALL_THREADS = 128
+
+
+def sampling_threads(setting: int | str | None, rows: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """The intra-op threads to sample `rows` sequences with on the CPU (`rollout.num_threads`); None keeps the
+    process's setting (the training's threads).
+
+    `auto`: 1 when OpenMP's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, read by OpenMP when the process
+    started) and fewer than `PASSIVE_ROWS_FOR_ALL_THREADS` rows are sampled, else None. A passive thread sleeps
+    between parallel regions and is woken by a system call for each matrix product, which the tiny products
+    of a small decode batch do not pay for; a spinning thread is woken for free, and then the training's
+    threads sample faster at every batch size measured.
+    """
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    policy = (os.environ if environ is None else environ).get("OMP_WAIT_POLICY", "")
+    return 1 if policy.strip().upper() == "PASSIVE" and rows < PASSIVE_ROWS_FOR_ALL_THREADS else None
 
 
 def as_engine(sampler: RolloutEngine | nn.Module) -> RolloutEngine:

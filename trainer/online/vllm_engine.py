@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from trainer.checkpointing.rng_state import capture_rng_state, restore_rng_state
 from trainer.config import GenerationConfig, LoraConfig, RolloutConfig
 from trainer.errors import ConfigError
-from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads
+from trainer.online.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads, sampling_threads
 from trainer.online.vllm_lora import AdapterPush, engine_lora_options, uses_adapter
 from trainer.online.weight_stream import checkpoint_weights
 
@@ -200,7 +200,8 @@ class VLLMEngine(RolloutEngine):
         seeds = torch.randint(0, 2**31 - 1, (len(groups),)).tolist()  # from the run's seeded, checkpointed generator
         prompts = [TokensPrompt(prompt_token_ids=tokens) for tokens, _ in groups]
         params = [sampling_params(options, stop_token_ids, count, seed) for (_, count), seed in zip(groups, seeds)]
-        with cpu_threads(self.num_threads if prompt_ids.device.type == "cpu" else None):
+        threads = sampling_threads(self.num_threads, len(prompt_ids))
+        with cpu_threads(threads if prompt_ids.device.type == "cpu" else None):
             outputs = self.llm.generate(prompts, params, use_tqdm=False,
                                         lora_request=self.adapter.request if self.adapter else None)
         completions = [completion for output in outputs for completion in output.outputs]  # rows, in order

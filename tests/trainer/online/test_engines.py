@@ -14,7 +14,7 @@ from trainer.data.tokenize import encode_prompt
 from trainer.errors import ConfigError
 from trainer.modeling.models import load_causal_lm, load_tokenizer
 from trainer.online.engine_registry import build_rollout_engine
-from trainer.online.engines import HFGenerateEngine, RolloutEngine
+from trainer.online.engines import PASSIVE_ROWS_FOR_ALL_THREADS, HFGenerateEngine, RolloutEngine, sampling_threads
 from trainer.online.rollout import generate, left_pad, stop_token_ids
 
 PROMPTS = ["1+2=", "12+30=", "7+7="]
@@ -73,6 +73,40 @@ def test_sampling_threads_are_set_for_the_call_and_restored(policy_and_tokenizer
                  torch.device("cpu"))
         assert torch.get_num_threads() == 2
     assert seen == [1, 2]
+
+
+@pytest.mark.parametrize(("policy", "rows", "expected"), [
+    ("PASSIVE", 8, 1), ("passive", PASSIVE_ROWS_FOR_ALL_THREADS - 1, 1), ("PASSIVE", PASSIVE_ROWS_FOR_ALL_THREADS, None),
+    ("ACTIVE", 8, None), (None, 8, None)])
+def test_auto_sampling_threads_follow_openmps_wait_policy_and_the_batch(policy, rows, expected):
+    """`auto` (the default) samples small batches on 1 thread where OpenMP's threads sleep between products."""
+    environ = {} if policy is None else {"OMP_WAIT_POLICY": policy}
+    assert RolloutConfig().num_threads == "auto"
+    assert sampling_threads("auto", rows, environ) == expected
+    assert sampling_threads(3, rows, environ) == 3 and sampling_threads(None, rows, environ) is None
+
+
+def test_the_engine_applies_auto_per_call_from_the_pods_environment(policy_and_tokenizer, monkeypatch):
+    policy, tokenizer = policy_and_tokenizer
+    seen = []
+    original = policy.generate
+    policy.generate = lambda **kwargs: seen.append(torch.get_num_threads()) or original(**kwargs)
+    torch.set_num_threads(2)
+    prompts = [encode_prompt(tokenizer, text) for text in PROMPTS]
+    engine = build_rollout_engine(RolloutConfig(), policy)
+    for wait_policy in ("PASSIVE", "ACTIVE"):
+        monkeypatch.setenv("OMP_WAIT_POLICY", wait_policy)
+        generate(engine, tokenizer, prompts, GenerationConfig(max_new_tokens=2), torch.device("cpu"))
+    assert seen == [1, 2] and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("value", [0, "many"])
+def test_a_bad_sampling_thread_count_is_one_config_error(value, tiny_model, task_files):
+    raw = stage_dict("grpo", "/tmp/unused", tiny_model, task_files["prompts"], reward={"function": "tiny_addition"},
+                     rollout={"num_threads": value})
+    with pytest.raises(ConfigError) as error:
+        build_config("grpo", raw)
+    assert f"rollout.num_threads is {value!r}" in str(error.value)
 
 
 def test_sync_from_copies_the_actors_weights_into_a_separate_engine_model(policy_and_tokenizer):
