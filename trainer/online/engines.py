@@ -11,9 +11,10 @@ sample through it; what happens to the tokens afterwards (stop tokens, masks, de
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
 nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (`sampling_threads`:
 by default 1 for small batches where OpenMP's threads wait passively, since waking a thread costs more
-than a tiny decode step's product saves, and the training's threads otherwise). An FSDP2-sharded policy's forward all-gathers
-its layers (a collective), so it samples with `synced_gpus=True`: a rank whose responses all ended
-keeps running forwards until every rank's have, and all ranks make the same number of calls.
+than a tiny decode step's product saves, and the training's threads otherwise). An FSDP2-sharded
+policy's forward all-gathers its layers (a collective), so it samples with `synced_gpus=True`: a rank
+whose responses all ended keeps running forwards until every rank's have, and all ranks make the same
+number of calls.
 
 `vllm` (`trainer.online.vllm_engine`) keeps its own copy of the weights in vLLM's offline engine and
 returns vLLM's per-token log-probs. An engine that keeps its own weights is built from an

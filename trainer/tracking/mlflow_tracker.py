@@ -1,10 +1,11 @@
 """MLflow tracking from rank 0, built so that a tracking outage never stops training.
 
 Metrics are queued and sent in batches by a background thread, at most one call every
-`SEND_INTERVAL_SECONDS` (a flush or `close` sends at once): a call per optimizer step made a GRPO run of
-short steps 18-33% slower, the sender's work taking CPU from the training threads
-(benchmarks/README.md). When the server is down the thread warns once, keeps the values, and retries with backoff; `close` waits a bounded time for the
-queue to drain and reports what could not be sent (those values are still in `metrics.jsonl`).
+`SEND_INTERVAL_SECONDS` (a flush or `close` sends at once): a call per optimizer step made a GRPO run
+of short steps 18-33% slower, the sender's work taking CPU from the training threads
+(benchmarks/README.md). When the server is down the thread warns once, keeps the values, and retries
+with backoff; `close` waits a bounded time for the queue to drain and reports what could not be sent
+(those values are still in `metrics.jsonl`).
 `mlflow` is imported here only, and only when a tracker is built (it costs seconds to import).
 
 Embedded default: with no `MLFLOW_TRACKING_URI`, runs go to `sqlite:///mlflow.db` in the working
