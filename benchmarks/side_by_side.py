@@ -112,7 +112,9 @@ def write_workload(directory: Path, model: str = "small") -> dict[str, Path]:
     for _ in range(SFT_ROWS):
         total = rng.randint(*SFT_TOKENS)
         prompt_chars = rng.randint(*PROMPT_CHARS)
-        sft.append({"prompt": _text(rng, prompt_chars), "completion": _text(rng, total - prompt_chars - 1)})
+        # At least one completion character: a row whose prompt takes all its tokens has nothing to train on (and
+        # the loader refuses it, naming the line).
+        sft.append({"prompt": _text(rng, prompt_chars), "completion": _text(rng, max(1, total - prompt_chars - 1))})
     pairs = [{"prompt": _text(rng, rng.randint(*PROMPT_CHARS)), "chosen": _text(rng, rng.randint(*RESPONSE_CHARS)),
               "rejected": _text(rng, rng.randint(*RESPONSE_CHARS))} for _ in range(PREFERENCE_PAIRS)]
     prompts = [{"prompt": prompt, "answer": answer} for prompt, answer in problems()[:GRPO_PROMPTS]]

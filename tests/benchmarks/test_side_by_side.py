@@ -43,6 +43,7 @@ def test_the_workload_has_the_stated_sizes_and_lengths(tmp_path):
     low, high = side_by_side.SFT_TOKENS
     # One token per character, plus EOS: every row is 64-256 tokens.
     assert all(low <= len(row["prompt"]) + len(row["completion"]) + 1 <= high for row in sft)
+    assert all(row["completion"].strip() for row in sft)  # every row has something to train on
     assert len(files["prompts"].read_text().splitlines()) == side_by_side.GRPO_PROMPTS
     assert (files["model"] / "config.json").is_file()
 
