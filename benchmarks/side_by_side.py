@@ -58,7 +58,7 @@ GRPO_PROMPTS = 64  # addition prompts "a+b=" rewarded by the exact answer (train
 # one optimizer step (one minibatch) for both systems.
 GRPO_SHAPES = {"grpo": (2, 4, 32), "grpo_8x8": (8, 8, 64), "grpo_16x16": (16, 16, 64)}
 GRPO_TARGET_STAGES = ("grpo", "grpo_8x8")  # issue 32's shapes, checked against 1.5x TRL
-# `grpo_16x16` (256 completions a step, 4 steps) is where `rollout.engine: auto` was settled (hf against vllm); it
+# `grpo_16x16` (256 completions a step, 4 steps) is where the CPU crossover of `rollout.engine: auto` was measured; it
 # runs only when --stages names it.
 OPTIONAL_STAGES = ("grpo_16x16",)
 MAX_LENGTH = 512  # no row is truncated; TRL's packed SFT fills bins of this many tokens

@@ -57,8 +57,9 @@ def evaluate_model(
         max_new_tokens: Longest response in tokens.
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.
-        rollout_engine: What samples the answers: `hf` (Hugging Face `generate`) or `vllm` (each model loaded into
-            vLLM's engine; runs the trainer image's vLLM variant).
+        rollout_engine: What samples the answers: `hf` (Hugging Face `generate`), `vllm` (each model loaded into
+            vLLM's engine; runs the trainer image's vLLM variant) or `auto` (the vLLM variant, which picks `vllm`
+            where it pays off: docs/online.md).
         environment: Score multi-turn episodes in this allowed environment (as the agent stage trained them;
             docs/agents.md); empty scores one response per prompt.
         trainer_image: Image of the training job; empty uses the platform's trainer image.

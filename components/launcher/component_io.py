@@ -71,7 +71,7 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
     components' published default, leaves the platform's value. A job whose stage config (`config`,
-    resolved once by the caller) samples with vLLM runs the trainer image's vLLM variant in its place
+    resolved once by the caller) may sample with vLLM (`rollout.engine` vllm or auto) runs the trainer image's vLLM variant in its place
     (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like an option a
     component or a run may set (settings/options.py: `node_selector`, `pending_timeout_seconds`, ...)
     are taken too, so a component can expose any of them, and last the run's `scheduling` parameter
@@ -100,10 +100,11 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
 
 
 def uses_vllm(config: Mapping[str, Any]) -> bool:
-    """Whether a stage config samples with vLLM (its `rollout.engine`), so its job needs the trainer image's vLLM
-    variant. Read from the resolved config only: `settings` may set the engine as a dotted key or inside a
-    nested `rollout` section, and either way the config is what the trainer runs."""
-    return (config.get("rollout") or {}).get("engine") == "vllm"
+    """Whether a stage config may sample with vLLM (its `rollout.engine` is `vllm`, or `auto`, which chooses in the
+    pod among the engines its image has), so its job needs the trainer image's vLLM variant. Read from the
+    resolved config only: `settings` may set the engine as a dotted key or inside a nested `rollout` section, and
+    either way the config is what the trainer runs."""
+    return (config.get("rollout") or {}).get("engine") in ("vllm", "auto")
 
 
 def default_job_root(model_uri: str, run_id: str, stage: str) -> str:

@@ -40,6 +40,7 @@ from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
+from trainer.online.engine_choice import resolve_engine
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import engine_setup
 from trainer.online.experience import Experience
@@ -68,11 +69,11 @@ class Explorer:
 
     def __init__(self, config: OnlineStageConfig, buffer: ExperienceBuffer | None = None,
                  synchronizer: Synchronizer | None = None) -> None:
-        self.config = config
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
         self.tokenizer = load_tokenizer(config.model.path)
         self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
+        self.config = config = resolve_engine(config, self.policy, self.device)  # `auto`, now the policy is known
         self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1

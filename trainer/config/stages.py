@@ -187,9 +187,11 @@ def adapter_sync_problem(lora_sync: str, lora: LoraConfig | None) -> str | None:
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = Field(
-        "hf", description="What samples the responses: `hf` (HF `generate` on the policy) or `vllm` (the image's "
-        "vLLM variant).",
+    engine: Literal["hf", "vllm", "auto"] = Field(
+        "hf", description="What samples the responses: `hf` (HF `generate` on the policy), `vllm` (the image's "
+        "vLLM variant) or `auto`: `vllm` where it is installed and pays off (on GPUs; on the CPU from 90M parameters "
+        "and 128 rows a rollout call, the crossover measured in benchmarks/README.md), else `hf`; chosen when the "
+        "policy is loaded and logged. A job with `auto` runs the trainer image's vLLM variant.",
     )
     num_threads: int | Literal["auto"] | None = Field(
         "auto", description="CPU intra-op threads while sampling on the CPU, either engine (restored afterwards); "
@@ -209,6 +211,8 @@ class RolloutConfig(Section):
     def is_correcting(self) -> bool:
         """Whether the loss is weighted by the rollout correction: `correction.enabled`, else on with vllm."""
         enabled = self.correction.enabled
+        if enabled is None and self.engine == "auto":  # a programming error: the loop resolves it first
+            raise ValueError("rollout.engine auto is not chosen yet (trainer.online.engine_choice.resolve_engine)")
         return self.engine == "vllm" if enabled is None else enabled
 
     @field_validator("num_threads", mode="before")
@@ -325,7 +329,7 @@ class OnlineStageConfig(StageConfig):
     @model_validator(mode="after")
     def _check_lora_sync(self) -> OnlineStageConfig:
         problem = adapter_sync_problem(self.rollout.vllm.lora_sync, self.model.lora)
-        if self.rollout.engine == "vllm" and problem:
+        if self.rollout.engine in ("vllm", "auto") and problem:
             raise ValueError(problem)
         return self
 

@@ -26,6 +26,7 @@ from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
+from trainer.online.engine_choice import choose_engine
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import EngineSetup, RolloutEngine
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
@@ -104,11 +105,18 @@ def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[An
 
 def build_evaluation_engine(config: EvaluateConfig, path: str, key: str, device: torch.device) -> RolloutEngine:
     """The `rollout.engine` that samples the saved model at `path`: `hf` on the loaded model, or an engine
-    that loads `path` itself (`vllm`; the model is then never loaded as a torch module here)."""
-    if config.rollout.engine == "hf":
+    that loads `path` itself (`vllm`; the model is then never loaded as a torch module here). `auto` loads the
+    model to choose (`engine_choice`, `batch_size` rows a call) and drops it again where `vllm` wins."""
+    rollout = config.rollout
+    if rollout.engine != "vllm":
         model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key=key)
-        return build_rollout_engine(config.rollout, model)
-    return build_rollout_engine(config.rollout, None, EngineSetup(path, seed=0))
+        engine, reason = choose_engine(rollout, model, config.batch_size, device)
+        if rollout.engine == "auto":
+            logger.info("rollout.engine auto for %s: %s, as %s", key, engine, reason)
+        if engine == "hf":
+            return build_rollout_engine(rollout.model_copy(update={"engine": "hf"}), model)
+        del model
+    return build_rollout_engine(rollout.model_copy(update={"engine": "vllm"}), None, EngineSetup(path, seed=0))
 
 
 def run_evaluation(config: EvaluateConfig) -> dict[str, float]:

@@ -49,6 +49,7 @@ from trainer.config import GRPOConfig, OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
 from trainer.online.correction import METRIC_PREFIX, correct_rollout
+from trainer.online.engine_choice import resolve_engine
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import RolloutEngine, engine_setup
 from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
@@ -80,7 +81,8 @@ class PPOTrainer(OLTrainer):
         tracker: Receives metrics (no-op off rank 0).
         ptx_batches: Optional SFT batches for the pretraining loss, cycled through.
         stop_after_episodes: Save and stop after this episode count (a simulated preemption).
-        engine: Samples the responses; default the stage's `rollout.engine` on the actor.
+        engine: Samples the responses; default the stage's `rollout.engine` on the actor (`auto` chosen here,
+            `engine_choice`).
 
     With `sample_buffer` set, `fit` skips `_setup_update_phase_dataload` and each update step trains
     on one minibatch sampled (without replacement within the step) from the episode's experience.
@@ -93,6 +95,9 @@ class PPOTrainer(OLTrainer):
                  tracker: Tracker, ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None,
                  engine: RolloutEngine | None = None) -> None:
         super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
+        if config.rollout.engine == "auto":  # chosen before anything reads it (the rollout correction's default)
+            config = resolve_engine(config, actor[0], actor_booster.plugin.device)
+            tracker.log_params({"rollout.chosen_engine": config.rollout.engine})
         self.actor, self.actor_optimizer, self.actor_scheduler = actor
         self.critic, self.critic_optimizer, self.critic_scheduler = critic or (None, None, None)
         self.ref_model = ref_model

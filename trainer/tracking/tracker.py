@@ -67,7 +67,10 @@ class JsonlTracker:
         self._last: dict[str, Any] | None = None
 
     def log_params(self, params: dict[str, Any]) -> None:
-        (self.directory / "params.json").write_text(dumps(redact_params(params), indent=2, default=str))
+        """Adds to the params logged so far, as MLflow does (the config, then e.g. `rollout.chosen_engine`)."""
+        path = self.directory / "params.json"
+        logged = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(dumps(logged | redact_params(params), indent=2, default=str))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._handle is None:

@@ -9,7 +9,7 @@ others:
 | variable | meaning |
 |---|---|
 | `ALIGNFLOW_TRAINER_IMAGE` | trainer image when the component is not given one |
-| `ALIGNFLOW_TRAINER_VLLM_IMAGE` | the same for a stage whose `rollout.engine` is `vllm` (the image's vLLM variant) |
+| `ALIGNFLOW_TRAINER_VLLM_IMAGE` | the same for a stage whose `rollout.engine` is `vllm` or `auto` (the image's vLLM variant) |
 | `AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION` | passed to the job as plain environment |
 | `MLFLOW_TRACKING_URI` | passed to the job without any `user:password@` it carries |
 | `ALIGNFLOW_S3_RETRY_SECONDS` | how long S3 calls ride out an outage; passed on to the job |

@@ -69,6 +69,7 @@ def grpo_params(**changes) -> dict:
     ({"rollout_engine": "vllm", "settings": {"rollout": {"engine": "hf"}}}, "hf"),
     ({"settings": {"rollout.engine": "vllm"}}, "vllm"),
     ({"rollout_engine": "vllm"}, "vllm"),
+    ({"rollout_engine": "auto"}, "auto"),  # chosen in the pod, among the engines of the vLLM variant
     ({}, "hf"),
 ])
 def test_the_image_follows_the_rollout_engine_of_the_resolved_config(changes, engine):
@@ -77,4 +78,5 @@ def test_the_image_follows_the_rollout_engine_of_the_resolved_config(changes, en
     config = stage_config("grpo", params)
     assert config["rollout"]["engine"] == engine
     image = cluster_options(params, platform, config=config).image
-    assert image == {"vllm": "registry.corp/trainer:2-vllm", "hf": "registry.corp/trainer:2"}[engine]
+    assert image == {"vllm": "registry.corp/trainer:2-vllm", "auto": "registry.corp/trainer:2-vllm",
+                     "hf": "registry.corp/trainer:2"}[engine]

@@ -27,7 +27,10 @@ def metrics_lines(directory) -> list[dict]:
 
 
 def test_correction_forced_on_with_hf_changes_nothing(tmp_path, rl_start_model, task_files):
-    plain = run_online_stage(grpo_config(tmp_path / "plain", rl_start_model, task_files["prompts"]))
+    # `auto` without vLLM installed (this environment) chooses hf, and with it the correction's default: off.
+    plain = run_online_stage(grpo_config(tmp_path / "plain", rl_start_model, task_files["prompts"], engine="auto"))
+    params = json.loads((tmp_path / "plain" / "params.json").read_text())
+    assert params["rollout"]["engine"] == "auto" and params["rollout.chosen_engine"] == "hf"
     corrected = run_online_stage(grpo_config(tmp_path / "corrected", rl_start_model, task_files["prompts"],
                                              correction={"enabled": True, "mode": "token_truncate", "clip_max": 2.0}))
     for name, value in plain.actor.state_dict().items():

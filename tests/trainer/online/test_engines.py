@@ -135,7 +135,7 @@ def test_an_unknown_engine_is_one_config_error(tiny_model, task_files):
     with pytest.raises(ConfigError) as error:
         build_config("grpo", raw)
     assert str(error.value).splitlines()[1:] == ["  config: rollout.engine is 'sglang', expected: Input should be "
-                                                 "'hf' or 'vllm'"]
+                                                 "'hf', 'vllm' or 'auto'"]
 
 
 def test_vllm_without_vllm_installed_is_one_error_naming_the_extra(tiny_model, task_files, monkeypatch):
