@@ -71,8 +71,8 @@ def cluster_options(params: dict[str, Any], environ: Mapping[str, str] | None = 
     Platform defaults come from the pod's environment (`PlatformDefaults`, fed by the chart's
     ConfigMap). A parameter given explicitly wins; an empty one, or a trainer image equal to the
     components' published default, leaves the platform's value. A job whose stage config (`config`,
-    resolved once by the caller) may sample with vLLM (`rollout.engine` vllm or auto) runs the trainer image's vLLM variant in its place
-    (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like an option a
+    resolved once by the caller) may sample with vLLM (`rollout.engine` vllm or auto) runs the trainer
+    image's vLLM variant in its place (`ALIGNFLOW_TRAINER_VLLM_IMAGE`). Parameters named like an option a
     component or a run may set (settings/options.py: `node_selector`, `pending_timeout_seconds`, ...)
     are taken too, so a component can expose any of them, and last the run's `scheduling` parameter
     (a JSON object of the options a run may set, see settings/scheduling.py). Raises LaunchError naming the ConfigMap key or the

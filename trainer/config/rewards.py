@@ -163,8 +163,8 @@ class RewardSourceSpec(Section):
 class RolloutCorrectionConfig(Section):
     enabled: bool | None = Field(
         None, description="Weight each token's loss by the importance ratio pi_trainer / pi_engine of the tokens the "
-        "engine sampled (TRL's vllm_importance_sampling_correction). null: on with rollout.engine vllm (or auto choosing it), off with hf "
-        "(there the engine is the trainer's own forward and every weight is 1).")
+        "engine sampled (TRL's vllm_importance_sampling_correction). null: on with rollout.engine vllm (or auto "
+        "choosing it), off with hf (there the engine is the trainer's own forward and every weight is 1).")
     mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
         "sequence_mask", description="TRL's vllm_importance_sampling_mode: a ratio per token or one per response "
         "(exp of the summed token log-ratios); outside [clip_min, clip_max] it is clipped to the bound (`truncate`, "

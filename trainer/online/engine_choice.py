@@ -1,12 +1,13 @@
 """`rollout.engine: auto`: which engine samples a run, chosen once the policy is loaded.
 
 vLLM only pays off where its batched decoding outweighs what it costs beside the trainer: its start,
-a second copy of the weights, a weight sync every step and a slower colocated update. On a GPU that
-is the common case (it is why every RL framework ships it; not measured here, as no GPU was lent).
-On this project's CPUs it is not (benchmarks/README.md, "Where vLLM overtakes hf"): a 3.2M-parameter
-model sampled 0.66-0.83x as fast end to end with `vllm` as with `hf`, even at 256 completions a
-call; a 96M one was about even at 64 and 1.1x at 256. `auto` therefore picks `vllm` on the CPU only
-from `VLLM_CPU_MIN_PARAMETERS` parameters and `VLLM_CPU_MIN_ROWS` rows a call.
+a second copy of the weights, a weight sync every step and, for the rollout correction, the trainer's
+log-probs of its tokens. On a GPU that is the common case (it is why every RL framework ships it; not
+measured here, as no GPU was lent). On this project's CPUs it is rare (benchmarks/README.md, "Where
+vLLM overtakes hf"): a 3.2M-parameter model trained 0.66-0.83x as fast end to end with `vllm` as with
+`hf`, even at 256 completions a call; a 96M one was about even at 64 and 1.1x at 256. `auto`
+therefore picks `vllm` on the CPU only from `VLLM_CPU_MIN_PARAMETERS` parameters and
+`VLLM_CPU_MIN_ROWS` rows a call.
 """
 
 from __future__ import annotations
