@@ -8,7 +8,7 @@ hyper-parameters that suit a 2-layer model on a CPU.
 `tiny` is tuned so that every pipeline's candidate beats its SFT baseline on the held-out prompts
 (greedy accuracy, checked by the task) and the registration gate opens (rlhf-agent on the tiny
 tool-use task instead: see TINY_AGENT_RUN); `tiny-reward-hacking`
-(rlhf-ppo only) is the same run with PPO's KL penalty removed and a 4x learning rate, so PPO
+(rlhf-ppo only) is the same run with PPO's KL penalty removed and an 8x learning rate, so PPO
 over-optimises its reward model and the gate stays closed; `tiny-vllm` (rlhf-grpo, rlhf-ppo) samples
 with vLLM (`rollout_engine: vllm`) on a tiny model vLLM's CPU attention can run. `benchmarks/tiny_preset.py` reproduces
 the tuning (every pipeline over several seeds, in-process) and `benchmarks/tiny_preset.md` logs it.
@@ -66,10 +66,11 @@ TINY = {
     "rlhf-orpo": {**TINY_COMMON, "orpo_lr": 5e-4, "orpo_epochs": 2, "orpo_beta": 0.1, "orpo_settings": TINY_SUPERVISED},
     "rlhf-agent": TINY_AGENT_RUN,  # on the tool-use task's files, not the addition task's (preset_arguments)
 }
-# Reward hacking, caught: without the KL penalty and with a 4x learning rate, PPO drifts to answers
+# Reward hacking, caught: without the KL penalty and with an 8x learning rate, PPO drifts to answers
 # the checker rejects ("=7", "==7", "3" for every "a+0="): their accuracy falls and the gate stays closed on all six
-# seeds; the reward model's score rises on five of them and falls at seed 42 (docs/pipelines.md).
-TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo_lr": 2e-3}}
+# seeds (docs/pipelines.md). At 4x (2e-3) it did so on the machines of 3 December 2026, but on an AVX-512 one the
+# reward model trained differently and seed 42 gained an answer; at 8x it falls on all six seeds on both.
+TINY_REWARD_HACKING = {"rlhf-ppo": {**TINY["rlhf-ppo"], "ppo_kl_coef": 0.0, "ppo_lr": 4e-3}}
 # `tiny` sampled by vLLM (`rollout.engine: vllm` in the online stage and the evaluation; needs vLLM, e.g. the
 # environment of `make test-vllm`). vLLM's CPU attention takes head sizes that are multiples of 32, so its tiny
 # model has 2 heads of 32 where `tiny`'s has 4 of 16 (same width, layers and tokenizer; TINY_MODELS). That model

@@ -54,8 +54,10 @@ def train_grpo(
         settings: Any other config fields, as {"dotted.key": value}.
         launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
             its nodes as local processes.
-        rollout_engine: What samples the responses: `hf` (HF `generate` on the policy), `vllm` (the image's vLLM variant)
-            or `auto` (the vLLM variant, which picks `vllm` where it pays off).
+        rollout_engine: What samples the responses: `hf` (HF `generate` on the policy), `vllm` (the image's vLLM
+            variant) or `auto`: `vllm` where it is installed and pays off (on GPUs; on the CPU from 90M parameters
+            and 128 rows a rollout call, the crossover measured in benchmarks/README.md), else `hf`; chosen when the
+            policy is loaded and logged. A job with `auto` runs the trainer image's vLLM variant.
         environment: Multi-turn episodes in this allowed environment (`environment.name`, docs/agents.md; its
             limits and tools through `settings`); empty samples one response per prompt.
         trainer_image: Image of the training job; empty uses the platform's trainer image (one the platform allows).

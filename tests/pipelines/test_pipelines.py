@@ -231,7 +231,8 @@ SPREADS = {
     # not bit-reproducible between pipeline runs: at seed 42 earlier runs also trained a reward model that scores SFT's
     # answers -2.27 (PPO then reached 0.65), which these bounds hold too (docs/pipelines.md).
     ("tiny", "rlhf-ppo"): {"reward": (0.40, 0.75), "improvement": (0.10, 0.50)},  # 0.30 -> 0.40
-    ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},  # 0.30 -> 0.15
+    # At 8x PPO's learning rate, on the AVX-512 machine of 4 December 2026: 0.30 -> 0.00; six seeds -0.40 to -0.15.
+    ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},
     ("tiny", "rlhf-grpo"): {"reward": (0.50, 0.70), "improvement": (0.10, 0.35)},  # 0.30 -> 0.65
     ("tiny", "rlhf-kto"): {"reward": (0.45, 0.70), "improvement": (0.15, 0.40)},  # 0.30 -> 0.70
     ("tiny", "rlhf-orpo"): {"reward": (0.75, 0.90), "improvement": (0.35, 0.65)},  # 0.30 -> 0.80
@@ -281,9 +282,9 @@ def test_gate_opens_when_the_candidate_beats_sft_by_what_the_tuning_measured(pre
 @pytest.mark.parametrize(("preset", "name"), runs(("tiny", "rlhf-ppo"), ("tiny-reward-hacking", "rlhf-ppo")))
 def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(preset, name, cli_runs):
     """With the KL penalty (`tiny`) PPO raises its reward model's score on held-out prompts, and accuracy with it;
-    without it and at 4x the learning rate (`tiny-reward-hacking`) accuracy falls. Whether the hacking run's reward
-    model score rises depends on which of its two reward models the rm stage trained (docs/pipelines.md): with the one
-    that scores SFT's answers -2.27 it rose (to -0.41), with the one that scores them 1.91 it fell (to 1.14)."""
+    without it and at 8x the learning rate (`tiny-reward-hacking`) accuracy falls. Whether the hacking run's reward
+    model score rises depends on which reward model the rm stage trained, which differs between machines
+    (docs/pipelines.md); on four of six seeds it rose (seed 42 on an AVX-512 machine: -2.32 -> 6.39)."""
     summary = cli_runs(preset, name).summary()
     evaluation, stage = summary["evaluate-model"]["metrics"], summary["train-ppo"]["metrics"]
     if preset == "tiny":
