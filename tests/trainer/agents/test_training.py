@@ -86,7 +86,8 @@ def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_f
         "output_dir": str(tmp_path / "eval"), "model": {"path": str(tiny_model)}, "baseline_path": str(tiny_model),
         "prompts_path": str(agent_files["eval_prompts"]), "reward": {"function": "tiny_calculator"},
         "generation": {"max_new_tokens": 8, "temperature": 0.0},
-        "environment": {"name": "tiny_calculator", "max_turns": 2}})
+        "environment": {"name": "tiny_calculator", "max_turns": 2},
+        "rollout": {"engine": "auto"}})  # chosen per model: hf, where vLLM is not installed
     metrics = run_evaluation(config)
     assert metrics["reward"] == metrics["baseline_reward"] == 0.0  # a random model never answers a product
     assert metrics["tool_calls_per_episode"] == metrics["valid_tool_call_fraction"] == 0.0  # nor calls the tool
