@@ -227,10 +227,10 @@ def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tm
 SFT_SPREAD = (0.25, 0.40)
 SPREADS = {
     ("tiny", "rlhf-dpo"): {"reward": (0.75, 0.85), "improvement": (0.35, 0.60)},  # 0.30 -> 0.80
-    # Six seeds on the tree of 3 December 2026: 0.40-0.75, +0.10 to +0.50 (0.30 -> 0.40 at seed 42). The rm stage's model is
-    # not the same on every machine: at seed 42 earlier runs also trained a reward model that scores SFT's answers
-    # -2.27 (PPO then reached 0.65), and an AVX-512 machine one that scores them -2.32 (0.70), which these bounds hold
-    # too (docs/pipelines.md).
+    # Six seeds on the tree of 3 December 2026: 0.40-0.75, +0.10 to +0.50 (0.30 -> 0.40 at seed 42). The rm stage's
+    # model is not the same on every machine: at seed 42 earlier runs also trained one that scores SFT's answers -2.27
+    # (PPO then reached 0.65), and an AVX-512 machine one that scores them -2.32 (0.70), which these bounds hold too
+    # (docs/pipelines.md).
     ("tiny", "rlhf-ppo"): {"reward": (0.40, 0.75), "improvement": (0.10, 0.50)},  # 0.30 -> 0.40
     # At 8x PPO's learning rate, on the AVX-512 machine of 4 December 2026: 0.30 -> 0.00; six seeds -0.40 to -0.15.
     ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},
