@@ -32,16 +32,6 @@ def parameter_count(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in unwrap_model(model).parameters())
 
 
-def cpu_head_size_problem(model: nn.Module) -> str | None:
-    """Why vLLM's CPU attention cannot run `model` (an unsupported head size), or None. Imports vLLM."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    config = unwrap_model(model).config
-    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    return None if head_size in supported else f"vLLM's CPU attention has no head size {head_size}"
-
-
 def choose_engine(rollout: RolloutConfig, model: nn.Module, rows_per_call: int,
                   device: torch.device) -> tuple[str, str]:
     """The engine that samples `model`, `rows_per_call` rows at a time on `device`, and why.
@@ -67,7 +57,9 @@ def choose_engine(rollout: RolloutConfig, model: nn.Module, rows_per_call: int,
     if parameters < VLLM_CPU_MIN_PARAMETERS or rows_per_call < VLLM_CPU_MIN_ROWS:
         return "hf", (f"on the CPU {parameters / 1e6:.1f}M parameters x {rows_per_call} rows a call is below "
                       f"vllm's crossover ({VLLM_CPU_MIN_PARAMETERS / 1e6:.0f}M x {VLLM_CPU_MIN_ROWS})")
-    problem = cpu_head_size_problem(model)
+    from trainer.online.vllm_engine import cpu_head_size_problem  # imports vLLM's attention backend
+
+    problem = cpu_head_size_problem(unwrap_model(model).config.to_dict())
     if problem is not None:
         return "hf", problem
     return "vllm", (f"on the CPU {parameters / 1e6:.1f}M parameters x {rows_per_call} rows a call is at or above "

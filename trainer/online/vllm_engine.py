@@ -77,20 +77,26 @@ def is_eager(enforce_eager: bool | None) -> bool:
     return current_platform.is_cpu()
 
 
-def check_head_size(model_dir: str) -> None:
-    """ConfigError when vLLM's CPU attention cannot run the model (it takes head sizes 32, 64, 80, ...; an
-    unsupported one would fail deep inside the first rollout)."""
-    import json
-
+def cpu_head_size_problem(config: dict[str, Any]) -> str | None:
+    """Why vLLM's CPU attention cannot run a model with this HF config (it takes head sizes 32, 64, 80, ...; an
+    unsupported one would fail deep inside the first rollout), or None. Imports vLLM."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
     head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_size not in supported:
-        raise ConfigError(f"rollout.engine: vllm: vLLM's CPU attention supports head sizes "
-                          f"{', '.join(map(str, supported))}; {model_dir} has {head_size} (hidden_size / "
-                          "num_attention_heads); sample it with `hf`, or on a GPU")
+    if head_size in supported:
+        return None
+    return (f"vLLM's CPU attention has no head size {head_size} (hidden_size / num_attention_heads; it supports "
+            f"{', '.join(map(str, supported))})")
+
+
+def check_head_size(model_dir: str) -> None:
+    """ConfigError when vLLM's CPU attention cannot run the model in `model_dir` (`cpu_head_size_problem`)."""
+    import json
+
+    problem = cpu_head_size_problem(json.loads((Path(model_dir) / "config.json").read_text()))
+    if problem is not None:
+        raise ConfigError(f"rollout.engine: vllm: {model_dir}: {problem}; sample it with `hf`, or on a GPU")
 
 
 def start_engine(model_dir: str, config: RolloutConfig, seed: int, lora: LoraConfig | None = None) -> Any:
