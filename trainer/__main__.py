@@ -16,7 +16,7 @@ import sys
 
 from trainer.config import COMMAND_CONFIGS, describe_fields, load_config
 from trainer.errors import AlignflowError, ConfigError
-from trainer.lifecycle import preemption
+from trainer.lifecycle import collector, preemption
 from trainer.redact import redact_text
 from trainer.runtime import leave_process_group, read_distributed_env, setup_logging
 
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --config is required", file=sys.stderr)
         return 2
     setup_logging(read_distributed_env())
+    collector.freeze_at_exit()
+    if args.mode == "colocated":  # setups that end in `open_outputs` (or `run_evaluation`'s scorers)
+        collector.pause_while_starting()
     try:
         config = load_config(args.stage, args.config, args.overrides)
         if args.mode != "colocated" and args.stage not in ONLINE_STAGES:
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_text(f"{type(err).__name__}: {err}"), file=sys.stderr)
         return getattr(err, "exit_code", 2)  # RunFinished: 0
     finally:
+        collector.resume()  # a setup that failed before it was done (a bad config, bad data)
         leave_process_group()
     if preemption.stopped_by_signal():  # stopped early with a checkpoint: 143 (SIGTERM) or 130 (SIGINT)
         print(f"Preempted: stopped with a checkpoint by signal {preemption.signal_received()}; rerun the same "

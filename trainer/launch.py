@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    from trainer.lifecycle.collector import freeze_at_exit
+
+    freeze_at_exit()  # the agent imported torch: its last collection at exit costs about a second
     export_secret_files()
     try:
         torchrun(argv)

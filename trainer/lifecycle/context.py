@@ -32,7 +32,7 @@ from trainer.config import STAGE_CONFIGS, StageConfig, as_dict, dump_config
 from trainer.data.dataset import LoadedDataset
 from trainer.errors import AlignflowError, CheckpointError, ConfigError, TrainingError
 from trainer.jsonio import dumps
-from trainer.lifecycle import preemption
+from trainer.lifecycle import collector, preemption
 from trainer.lifecycle.lease import Lease
 from trainer.lifecycle.resume import METRICS_FILE, clear_outputs, restore_history, run_fingerprint, vet_output_dir
 from trainer.modeling.models import export_model, load_tokenizer
@@ -178,6 +178,7 @@ def open_outputs(context: RunContext) -> None:
     context.tracker = build_tracker(context.output_dir, context.env.is_main_process, config.tracking,
                                     stage_name(config), resume_run_id=context.manifest.get("mlflow_run_id"))
     context.tracker.log_params(as_dict(config))
+    collector.resume()  # the stage has started: every import and load is done (trainer.lifecycle.collector)
 
 
 def resume_latest(context: RunContext, checkpoints: CheckpointManager, components: dict,
@@ -304,6 +305,7 @@ def check_finite(states: dict[str, dict[str, torch.Tensor]]) -> None:
 
 def close_context(context: RunContext) -> None:
     """End tracking, release the lease on `output_dir` and restore the signal handlers (every exit path)."""
+    collector.resume()  # setup may have failed before `open_outputs`
     try:
         context.tracker.close()
     finally:

@@ -24,6 +24,7 @@ from torch import nn
 from trainer.agents.setup import build_agent_rollout
 from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
 from trainer.data.dataset import load_rows
+from trainer.lifecycle import collector
 from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
 from trainer.online.engine_choice import choose_engine
@@ -127,6 +128,7 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     init_process_group(env, device)
     rows = load_rows(config.prompts_path, "prompt", skip_bad_rows=False).examples
     scorers, names = build_scorers(config, device)
+    collector.resume()  # the models load one at a time below; the imports and the scorers are done
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
     paths = {"": config.model.path, "baseline_": config.baseline_path, "champion_": config.champion_path}

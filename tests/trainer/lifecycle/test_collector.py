@@ -1,0 +1,100 @@
+"""The garbage collector in a trainer process: off while a stage starts, on again once it has (or setup failed),
+and out of the way at exit."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import make_config
+from trainer.errors import AlignflowError
+from trainer.lifecycle import collector
+
+
+@pytest.fixture
+def collections():
+    """Automatic collections seen while the test runs, by generation; collection left on afterwards."""
+    seen: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(count)
+    yield seen
+    gc.callbacks.remove(count)
+    collector.resume()
+    gc.enable()
+
+
+def test_a_paused_stage_collects_again_once_it_has_started(tmp_path, tiny_model, task_files, collections):
+    from trainer.supervised.stages import run_stage
+
+    collector.pause_while_starting()
+    assert not gc.isenabled() and collector.is_paused()
+    run_stage(make_config("sft", tmp_path, tiny_model, task_files["sft_train"], None,
+                          train={"max_epochs": 2, "micro_batch_size": 4}))
+    assert gc.isenabled() and not collector.is_paused()
+    assert collections, "no automatic collection ran after setup: the collector stayed off through the steps"
+
+
+def test_a_stage_whose_setup_fails_turns_collection_back_on(tmp_path, tiny_model, collections):
+    from trainer.supervised.stages import run_stage
+
+    missing = tmp_path / "missing.jsonl"
+    collector.pause_while_starting()
+    with pytest.raises(AlignflowError, match="missing.jsonl"):
+        run_stage(make_config("sft", tmp_path / "out", tiny_model, missing, None))
+    assert gc.isenabled() and not collector.is_paused()
+
+
+def test_the_entry_turns_collection_back_on_when_the_config_is_bad(tmp_path, collections):
+    from trainer.__main__ import main
+
+    (tmp_path / "sft.yaml").write_text("model: {path: /nowhere}\ntrain: {max_epochs: -1}\n")
+    assert main(["sft", "--config", str(tmp_path / "sft.yaml")]) == 2  # paused, then failed before any setup
+    assert gc.isenabled() and not collector.is_paused()
+
+
+def test_resume_leaves_a_collector_someone_else_turned_off_alone(collections):
+    gc.disable()
+    collector.pause_while_starting()  # already off: not the pause's to undo
+    collector.resume()
+    assert not gc.isenabled()
+
+
+def test_exit_skips_the_last_walk_for_cycles_but_runs_the_handlers_registered_after(tmp_path):
+    """An object in a reference cycle is only ever freed by a collection; after `freeze_at_exit` the exit's
+    collection leaves it alone, while atexit handlers registered later still run and a file written with
+    `with` is complete."""
+    script = textwrap.dedent(f"""
+        import atexit, gc, sys
+        from trainer.lifecycle import collector
+
+        gc.disable()  # no collection before the exit's
+        if sys.argv[1] == "freeze":
+            collector.freeze_at_exit()
+
+        class InCycle:
+            def __del__(self):
+                open({str(tmp_path / "collected")!r}, "w").close()
+
+        cycle = InCycle()
+        cycle.me = cycle
+        del cycle
+        atexit.register(lambda: open({str(tmp_path / "handler")!r}, "w").close())
+        with open({str(tmp_path / "written")!r}, "w") as out:
+            out.write("x" * 100_000)
+        gc.enable()  # the interpreter collects at exit only when collection is on
+    """)
+    for mode in ("default", "freeze"):
+        done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "collected").exists() == (mode == "default"), mode
+        assert (tmp_path / "handler").exists() and (tmp_path / "written").stat().st_size == 100_000
+        for name in ("collected", "handler", "written"):
+            (tmp_path / name).unlink(missing_ok=True)
