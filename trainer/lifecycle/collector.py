@@ -14,15 +14,21 @@ scorers are built, and the entry itself should setup fail. Collection during the
 `freeze_at_exit` puts every object out of the collector's reach when the interpreter finalises. The atexit
 handlers (logging flushed and closed, temporary folders removed) still run, and an object nothing refers to
 is still freed at once; only the last walk for reference cycles is skipped, whose finalizers Python never
-promised to run at exit anyway.
+promised to run at exit anyway. Not where triton's compiled bindings are loaded (torch's compiler on GPUs,
+vLLM): they are nanobind's, which reports each of its objects still alive when the interpreter ends as a leak,
+some hundred lines at the end of a job's log. There the exit unfreezes everything instead, what setup and
+vLLM froze included, and the interpreter collects as it always did.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import sys
 
 _paused = False
+# Modules built with nanobind, which lists every one of its objects alive at the interpreter's end as a leak.
+_NANOBIND_MODULES = ("triton._C",)
 
 
 def pause_while_starting() -> None:
@@ -53,5 +59,12 @@ def is_paused() -> bool:
 
 
 def freeze_at_exit() -> None:
-    """Skip the interpreter's last collection at exit (call early: atexit handlers run last-registered first)."""
-    atexit.register(gc.freeze)
+    """Skip the interpreter's last collection at exit, unless nanobind's modules are loaded then."""
+    atexit.register(_before_the_last_collection)
+
+
+def _before_the_last_collection() -> None:
+    if any(name.startswith(_NANOBIND_MODULES) for name in sys.modules):
+        gc.unfreeze()
+    else:
+        gc.freeze()

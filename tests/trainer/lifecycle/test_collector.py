@@ -70,14 +70,18 @@ def test_resume_leaves_a_collector_someone_else_turned_off_alone(collections):
 def test_exit_skips_the_last_walk_for_cycles_but_runs_the_handlers_registered_after(tmp_path):
     """An object in a reference cycle is only ever freed by a collection; after `freeze_at_exit` the exit's
     collection leaves it alone, while atexit handlers registered later still run and a file written with
-    `with` is complete."""
+    `with` is complete. With nanobind's triton bindings loaded (a stand-in module here; the vLLM environment's
+    pipeline test checks the real one's log) the exit unfreezes even what was frozen before, and collects."""
     script = textwrap.dedent(f"""
         import atexit, gc, sys
         from trainer.lifecycle import collector
 
         gc.disable()  # no collection before the exit's
-        if sys.argv[1] == "freeze":
+        if sys.argv[1] != "default":
             collector.freeze_at_exit()
+        if sys.argv[1] == "nanobind":
+            import types
+            sys.modules["triton._C.libtriton"] = types.ModuleType("triton._C.libtriton")
 
         class InCycle:
             def __del__(self):
@@ -86,15 +90,17 @@ def test_exit_skips_the_last_walk_for_cycles_but_runs_the_handlers_registered_af
         cycle = InCycle()
         cycle.me = cycle
         del cycle
+        if sys.argv[1] == "nanobind":
+            gc.freeze()  # as a stage's setup (collector.resume) or vLLM's start does
         atexit.register(lambda: open({str(tmp_path / "handler")!r}, "w").close())
         with open({str(tmp_path / "written")!r}, "w") as out:
             out.write("x" * 100_000)
         gc.enable()  # the interpreter collects at exit only when collection is on
     """)
-    for mode in ("default", "freeze"):
+    for mode in ("default", "freeze", "nanobind"):
         done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert (tmp_path / "collected").exists() == (mode == "default"), mode
+        assert (tmp_path / "collected").exists() == (mode != "freeze"), mode
         assert (tmp_path / "handler").exists() and (tmp_path / "written").stat().st_size == 100_000
         for name in ("collected", "handler", "written"):
             (tmp_path / name).unlink(missing_ok=True)
