@@ -4,8 +4,8 @@ A full collection walks every object the collector tracks, and a trainer's impor
 mlflow, sqlalchemy) leave over half a million of them, alive until the process ends. While a stage starts
 the heap only grows, so the collector walks it again and again and finds next to nothing: eight full
 collections, 1.1-1.3 s, in the start of the tiny SFT job the pipeline tests run. At exit the interpreter walks
-it all once more (1.8 s there) only to free memory the OS takes back anyway. Every job, kfp.local task and
-torchrun agent paid both (docs/testing.md, "Where a job's time goes").
+it all once more (1.8 s there) only to free memory the OS takes back anyway. Every job paid both, and every
+kfp task and torchrun agent the second (docs/testing.md, "Where a job's time goes").
 
 `python -m trainer` pauses collection while its stage starts (`pause_while_starting`). `open_outputs`, the
 last step of every training stage's setup, turns it back on (`resume`), as does the evaluation once its
@@ -27,6 +27,7 @@ import gc
 import sys
 
 _paused = False
+_exit_registered = False
 # Modules built with nanobind, which lists every one of its objects alive at the interpreter's end as a leak.
 _NANOBIND_MODULES = ("triton._C",)
 
@@ -59,8 +60,11 @@ def is_paused() -> bool:
 
 
 def freeze_at_exit() -> None:
-    """Skip the interpreter's last collection at exit, unless nanobind's modules are loaded then."""
-    atexit.register(_before_the_last_collection)
+    """Skip the interpreter's last collection at exit, unless nanobind's modules are loaded then (once a process)."""
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_before_the_last_collection)
 
 
 def _before_the_last_collection() -> None:
