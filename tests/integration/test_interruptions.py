@@ -90,13 +90,24 @@ def test_kill_9_during_a_checkpoint_write_never_uses_it_and_resumes_bit_exact(tm
                                                             checkpoint={"save_interval": 1, "keep_last": 2}))
     child = TrainerProcess("sft", config, env={"TMPDIR": str(staging)})
     child.wait_for(r"step 6/30 ")
+
+    def saving() -> bool:
+        return any(p.name.startswith("alignflow-checkpoint-") for p in staging.iterdir())
+
     deadline = time.monotonic() + 60
-    while not any(p.name.startswith("alignflow-checkpoint-") for p in staging.iterdir()):  # a save is being written
-        assert time.monotonic() < deadline and child.process.poll() is None, child.stderr[-2000:]
-        time.sleep(0.0005)
+    while True:
+        while not saving():  # a save is being written
+            assert time.monotonic() < deadline and child.process.poll() is None, child.stderr[-2000:]
+            time.sleep(0.0005)
+        # Stopped, it cannot finish the save between this look and the kill (on a busy machine it did): a save
+        # already over when the stop landed is let go, and the next step's is caught (one every step).
+        child.send(signal.SIGSTOP)
+        if saving():
+            break
+        child.send(signal.SIGCONT)
     child.kill()
 
-    assert any(p.name.startswith("alignflow-checkpoint-") for p in staging.iterdir())  # killed mid-save
+    assert saving()  # killed mid-save
     durable = latest_step(output / "checkpoints")
     code, stderr = run_trainer("sft", config)
     assert code == 0, stderr[-3000:]
