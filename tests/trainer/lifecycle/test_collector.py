@@ -4,6 +4,7 @@ and out of the way at exit."""
 from __future__ import annotations
 
 import gc
+import logging
 import subprocess
 import sys
 import textwrap
@@ -17,34 +18,41 @@ from trainer.lifecycle import collector
 
 @pytest.fixture
 def collections():
-    """`when(label)` starts recording automatic collections under `label()`'s value at the time (e.g. the run's
-    phase); the fixture yields the labels seen and leaves collection on afterwards."""
-    seen: list = []
-    label = [lambda: None]
-
-    def record(phase: str, info: dict) -> None:
-        if phase == "start":
-            seen.append(label[0]())
-
-    gc.callbacks.append(record)
-    yield seen, lambda function: label.__setitem__(0, function)
-    gc.callbacks.remove(record)
+    """Collection left on (and nothing paused) after the test, whatever it did."""
+    yield
     collector.resume()
     gc.enable()
+
+
+class StepLines(logging.Handler):
+    """Whether automatic collection was on when each training step's log line was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collecting: list[bool] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("step "):
+            self.collecting.append(gc.isenabled())
 
 
 def test_a_paused_stage_collects_again_during_its_steps(tmp_path, tiny_model, task_files, collections):
     from trainer.supervised.stages import run_stage
 
-    seen, when = collections
-    # Between the first epoch's checkpoint and the export: the second epoch's steps.
-    when(lambda: (tmp_path / "checkpoints").is_dir() and not (tmp_path / "model").exists())
+    lines, loop_logger = StepLines(), logging.getLogger("trainer.supervised.loop")
+    level = loop_logger.level
+    loop_logger.setLevel(logging.INFO)
+    loop_logger.addHandler(lines)
     collector.pause_while_starting()
     assert not gc.isenabled() and collector.is_paused()
-    run_stage(make_config("sft", tmp_path, tiny_model, task_files["sft_train"], None,
-                          train={"max_epochs": 2, "micro_batch_size": 4}))
+    try:
+        run_stage(make_config("sft", tmp_path, tiny_model, task_files["sft_train"], None,
+                              train={"max_epochs": 1, "micro_batch_size": 4, "log_interval": 5}))
+    finally:
+        loop_logger.removeHandler(lines)
+        loop_logger.setLevel(level)
     assert gc.isenabled() and not collector.is_paused()
-    assert True in seen, "no automatic collection during the second epoch: the collector stayed off"
+    assert lines.collecting and all(lines.collecting), lines.collecting
 
 
 def test_a_stage_whose_setup_fails_turns_collection_back_on(tmp_path, tiny_model, collections):
