@@ -56,7 +56,11 @@ GRPO_PROMPTS = 64  # addition prompts "a+b=" rewarded by the exact answer (train
 # GRPO's shapes, each one pass over the prompts: (prompts a step, generations a prompt, new tokens). `grpo` is
 # 2 x 4 completions of 32 tokens, 32 steps; `grpo_8x8` 8 x 8 of 64 tokens, 8 steps. A step's completions are
 # one optimizer step (one minibatch) for both systems.
-GRPO_SHAPES = {"grpo": (2, 4, 32), "grpo_8x8": (8, 8, 64), "grpo_16x16": (16, 16, 64)}
+GRPO_SHAPES = {"grpo": (2, 4, 32), "grpo_8x8": (8, 8, 64), "grpo_16x16": (16, 16, 64), "grpo_instructed": (8, 8, 64)}
+# `grpo_instructed` is `grpo_8x8` on prompts that open with an instruction, 130 to 132 tokens instead of 4 to 6:
+# prompts longer than their answers, as users' are, where rows that share a prompt share its forward.
+INSTRUCTION = ("you are a careful calculator. read the sum at the end of this line, work it out, and answer "
+               "with the number alone, in digits: ")
 GRPO_TARGET_STAGES = ("grpo", "grpo_8x8")  # issue 32's shapes, checked against 1.5x TRL
 # `grpo_16x16` (256 completions a step, 4 steps) is where the CPU crossover of `rollout.engine: auto` was measured; it
 # runs only when --stages names it.
@@ -118,9 +122,16 @@ def write_workload(directory: Path, model: str = "small") -> dict[str, Path]:
     pairs = [{"prompt": _text(rng, rng.randint(*PROMPT_CHARS)), "chosen": _text(rng, rng.randint(*RESPONSE_CHARS)),
               "rejected": _text(rng, rng.randint(*RESPONSE_CHARS))} for _ in range(PREFERENCE_PAIRS)]
     prompts = [{"prompt": prompt, "answer": answer} for prompt, answer in problems()[:GRPO_PROMPTS]]
+    instructed = [{"prompt": INSTRUCTION + row["prompt"], "answer": row["answer"]} for row in prompts]
     return {"model": model_dir, "sft": write_jsonl(sft, directory / "sft.jsonl"),
             "preference": write_jsonl(pairs, directory / "preference.jsonl"),
-            "prompts": write_jsonl(prompts, directory / "prompts.jsonl")}
+            "prompts": write_jsonl(prompts, directory / "prompts.jsonl"),
+            "grpo_instructed": write_jsonl(instructed, directory / "instructed_prompts.jsonl")}
+
+
+def grpo_prompts(stage: str, files: dict[str, Path]) -> Path:
+    """The prompts file a GRPO stage samples from."""
+    return files["grpo_instructed" if stage == "grpo_instructed" else "prompts"]
 
 
 # -- child: alignflow ------------------------------------------------------------------------------
@@ -142,7 +153,7 @@ def alignflow_config(stage: str, files: dict[str, Path], output_dir: Path,
         prompts, generations, new_tokens = GRPO_SHAPES[stage]
         episodes = min(GRPO_PROMPTS // prompts, max_steps or GRPO_PROMPTS)
         completions = prompts * generations
-        return "grpo", {**common, "data": {"train_path": str(files["prompts"])},
+        return "grpo", {**common, "data": {"train_path": str(grpo_prompts(stage, files))},
                         "train": {**train, "micro_batch_size": completions},
                         "generation": {"max_new_tokens": new_tokens, "temperature": 1.0},
                         "reward": {"function": "tiny_addition"},
@@ -275,7 +286,7 @@ def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int
         args = trl.GRPOConfig(**{**common, "per_device_train_batch_size": prompts * generations},
                               num_generations=generations, max_completion_length=new_tokens, temperature=1.0, beta=0.0)
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[addition], args=args,
-                                  train_dataset=_dataset(files["prompts"]), processing_class=tokenizer,
+                                  train_dataset=_dataset(grpo_prompts(stage, files)), processing_class=tokenizer,
                                   callbacks=[StepTimer()])
     trainer.train()
     history = trainer.state.log_history

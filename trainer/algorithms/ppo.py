@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from trainer.algorithms.common import LossOutput, masked_mean, token_logps
 from trainer.algorithms.rollout_correction import CorrectionInUpdate
+from trainer.modeling.shared_prompts import shared_prompt_logits, shares_prompts
 
 
 def kl_estimate(logps: Tensor, ref_logps: Tensor, estimator: str = "k1") -> Tensor:
@@ -175,12 +176,15 @@ def response_logps(model: nn.Module, batch: dict[str, Tensor], *, with_entropy: 
     Position 0 has no prefix and gets 0; callers multiply by the action mask anyway. Logits are
     computed only from the column before the first response token on (`logits_to_keep`): the
     prompt's own tokens are never scored, and with a large vocabulary their (B, P, V) logits would be
-    the biggest tensor of the step. Positions before that column hold 0 (log-probs and entropy).
+    the biggest tensor of the step. Positions before that column hold 0 (log-probs and entropy). Rows that
+    share a prompt share its forward (`trainer.modeling.shared_prompts`), where the model allows it.
     """
     start = max(first_response_column(batch) - 1, 0)  # the logit at start scores token start + 1
-    keep = {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 else {}
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch.get("position_ids"), use_cache=False, **keep).logits  # (B, T - start, V)
+    logits = shared_prompt_logits(model, batch, start) if start > 0 and shares_prompts(model) else None
+    if logits is None:
+        keep = {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 else {}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch.get("position_ids"), use_cache=False, **keep).logits  # (B, T - start, V)
     # Every token of a sampled sequence is its own label: the one log-prob gather of the project.
     picked, _ = token_logps(logits, batch["input_ids"][:, start:])  # (B, T-start-1) scores tokens start+1..T-1
     logps = torch.nn.functional.pad(picked, (start + 1, 0))  # (B, T)

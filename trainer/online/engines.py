@@ -9,7 +9,8 @@ sample through it; what happens to the tokens afterwards (stop tokens, masks, de
 
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
-nothing to copy. On the CPU it samples with `rollout.num_threads` intra-op threads (`sampling_threads`:
+nothing to copy. Rows with the same prompt (GRPO's groups) share one prefill of it
+(`trainer.modeling.shared_prompts.prefilled_prompts`). On the CPU it samples with `rollout.num_threads` intra-op threads (`sampling_threads`:
 by default 1 for small batches where OpenMP's threads wait passively, since waking a thread costs more
 than a tiny decode step's product saves, and the training's threads otherwise). An FSDP2-sharded
 policy's forward all-gathers its layers (a collective), so it samples with `synced_gpus=True`: a rank
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.config import GenerationConfig, LoraConfig, OnlineStageConfig
+from trainer.modeling.shared_prompts import prefilled_prompts, shares_prompts
 from trainer.parallel.booster import unwrap_model
 
 
@@ -140,10 +142,11 @@ class HFGenerateEngine(RolloutEngine):
         try:
             threads = sampling_threads(self.num_threads, len(prompt_ids))
             with cpu_threads(threads if prompt_ids.device.type == "cpu" else None):
+                prefilled = prefilled_prompts(policy, prompt_ids, prompt_mask) if shares_prompts(policy) else {}
                 output = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                                          max_new_tokens=options.max_new_tokens, eos_token_id=stop_token_ids,
                                          pad_token_id=pad_token_id, use_cache=True,
-                                         synced_gpus=is_sharded(policy), **sampling)
+                                         synced_gpus=is_sharded(policy), **sampling, **prefilled)
         except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
             if "inf" not in str(err) and "nan" not in str(err):
                 raise
