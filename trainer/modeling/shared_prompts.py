@@ -99,6 +99,8 @@ def shared_prompt_logits(model: nn.Module, batch: dict[str, Tensor], start: int)
     prompt = inner(input_ids=input_ids[representative, :split], attention_mask=attention_mask[representative, :split],
                    position_ids=positions[representative, :split], use_cache=True, logits_to_keep=1)
     cache = prompt.get(cache_argument)
+    if not hasattr(cache, "batch_select_indices"):  # a cache of another kind (a recurrent layer's state)
+        return None
     cache.batch_select_indices(group)  # every row gets its prompt's keys and values (B, heads, split, dim)
     responses = model(input_ids=input_ids[:, split:], attention_mask=attention_mask,
                       position_ids=positions[:, split:], use_cache=True, **{cache_argument: cache})
@@ -115,8 +117,8 @@ def prefilled_prompts(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor)
         model: The unwrapped policy, one `shares_prompts` accepts, in eval mode.
         prompt_ids, prompt_mask: (B, P) left-padded prompts, what `generate` is given.
     """
-    if prompt_ids.shape[1] < 2:
-        return {}
+    if prompt_ids.shape[1] < 2 or getattr(getattr(model, "generation_config", None), "cache_implementation", None):
+        return {}  # nothing to prefill, or `generate` is to build a cache of its own kind (static, offloaded)
     groups = prompt_groups(prompt_ids, prompt_mask, prompt_ids.shape[1])
     if groups is None:
         return {}
@@ -127,6 +129,8 @@ def prefilled_prompts(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor)
     prompt = model(input_ids=prompt_ids[representative, cached], attention_mask=prompt_mask[representative, cached],
                    position_ids=positions[representative, cached], use_cache=True, logits_to_keep=1)
     cache = prompt.get(name)
+    if not hasattr(cache, "batch_select_indices"):
+        return {}
     cache.batch_select_indices(group)  # (B, heads, P - 1, dim) per layer
     return {name: cache}
 

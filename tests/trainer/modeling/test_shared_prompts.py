@@ -21,6 +21,7 @@ from trainer.config import GenerationConfig
 from trainer.modeling.shared_prompts import prompt_groups, shares_prompts
 from trainer.online import engines
 from trainer.online.engines import HFGenerateEngine
+from trainer.tiny.families import FAMILIES, build_family_config
 from trainer.tiny.model import build_tiny_llama
 
 DRIVER = Path(__file__).with_name("shared_prompts_driver.py")
@@ -150,3 +151,19 @@ def test_sampling_from_the_shared_prefill_draws_what_the_plain_call_draws(monkey
     plain = engine.generate(prompts, mask, options, stop_token_ids=[2], pad_token_id=0).ids
     assert shapes[first_plain_call] == (9, 6)  # generate's own prefill: every row's whole prompt
     assert torch.equal(shared, plain)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_shares_exactly_or_not_at_all(family):
+    # The families users train (docs/models.md): those with full attention in every layer share, with the plain
+    # forward's log-probs; those with a sliding window (cut shorter than these rows) take the plain forward.
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(build_family_config(family, 40))
+    windowed = family in ("mistral", "gemma3", "phi3")
+    assert shares_prompts(model) is not windowed
+    batch = grouped_batch()
+    sizes = shared_calls(model)
+    torch.testing.assert_close(response_logps(model, batch), plain_logps(model, batch), rtol=0, atol=1e-5)
+    assert sizes[0] == (9 if windowed else 3)
