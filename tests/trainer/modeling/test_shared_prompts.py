@@ -15,9 +15,9 @@ from torch import nn
 
 from tests.integration.services import free_port
 from tests.trainer.algorithms.stand_ins import BigramLM
-from trainer.modeling import shared_prompts
 from trainer.algorithms.ppo import response_logps
 from trainer.config import GenerationConfig
+from trainer.modeling import shared_prompts
 from trainer.modeling.shared_prompts import prompt_groups, shares_prompts
 from trainer.online import engines
 from trainer.online.engines import HFGenerateEngine
