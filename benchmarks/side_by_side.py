@@ -1,6 +1,6 @@
 """alignflow and TRL side by side on one synthetic workload, stage by stage.
 
-    python benchmarks/side_by_side.py                    # or: make benchmark (about 25 minutes on 2 cores)
+    python benchmarks/side_by_side.py                    # or: make benchmark (about 30 minutes on 2 cores)
     python benchmarks/side_by_side.py --stages grpo --user-defaults --json results.json
 
 The script writes the workload (a 3.2M-parameter Llama, or with `--model large` 96M, with a character tokenizer, SFT rows,

@@ -20,7 +20,7 @@ spec.loader.exec_module(side_by_side)
 
 @pytest.mark.parametrize("stage", side_by_side.STAGES)
 def test_every_stage_config_is_a_valid_alignflow_config(stage, tmp_path):
-    files = {name: tmp_path / name for name in ("model", "sft", "preference", "prompts")}
+    files = {name: tmp_path / name for name in ("model", "sft", "preference", "prompts", "grpo_instructed")}
     kind, raw = side_by_side.alignflow_config(stage, files, tmp_path / "run", max_steps=4)
     config = build_config(kind, raw)
     assert config.train.num_threads == side_by_side.NUM_THREADS and config.train.mixed_precision == "no"
@@ -29,6 +29,7 @@ def test_every_stage_config_is_a_valid_alignflow_config(stage, tmp_path):
         assert config.grpo.beta == 0.0 and config.grpo.num_episodes == 4
         assert (config.grpo.rollout_batch_size, config.grpo.num_generations) == (prompts, generations)
         assert config.grpo.mini_batch_size == prompts * generations and config.generation.max_new_tokens == new_tokens
+        assert config.data.train_path == str(files["grpo_instructed" if stage == "grpo_instructed" else "prompts"])
     else:
         assert config.train.max_steps == 4 and config.train.micro_batch_size == side_by_side.BATCH_SIZE
     if kind == "dpo":
@@ -44,7 +45,12 @@ def test_the_workload_has_the_stated_sizes_and_lengths(tmp_path):
     # One token per character, plus EOS: every row is 64-256 tokens.
     assert all(low <= len(row["prompt"]) + len(row["completion"]) + 1 <= high for row in sft)
     assert all(row["completion"].strip() for row in sft)  # every row has something to train on
-    assert len(files["prompts"].read_text().splitlines()) == side_by_side.GRPO_PROMPTS
+    prompts = [json.loads(line) for line in files["prompts"].read_text().splitlines()]
+    instructed = [json.loads(line) for line in files["grpo_instructed"].read_text().splitlines()]
+    assert len(prompts) == side_by_side.GRPO_PROMPTS
+    # the same problems, each opening with the instruction: 130-132 tokens, longer than the 64-token answers
+    assert instructed == [{**row, "prompt": side_by_side.INSTRUCTION + row["prompt"]} for row in prompts]
+    assert all(130 <= len(row["prompt"]) <= 132 for row in instructed)
     assert (files["model"] / "config.json").is_file()
 
 

@@ -2,8 +2,9 @@
 
 Usage: torchrun --nproc_per_node=2 shared_prompts_driver.py DUMP_FILE
 
-Each rank backpropagates the sum of its rows' response log-probs (DDP averages the two gradients); rank 0 writes every rank's reduced
-gradient and the batch sizes of its model's forwards to DUMP_FILE for `test_shared_prompts.py`.
+Each rank backpropagates the sum of its rows' response log-probs (DDP averages the two gradients); rank 0
+writes every rank's reduced gradient and the batch sizes of its model's forwards to DUMP_FILE for
+`test_shared_prompts.py`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def grouped_batch(generations: int = 3, seed: int = 0, with_positions: bool = Tr
 
 
 def plain_logps(model, batch, with_entropy=False):
-    """`response_logps` with sharing turned off: one row at a time through the whole forward."""
+    """`response_logps` with sharing turned off: every row through the whole forward, its prompt included."""
     original = shared_prompts.prompt_groups
     shared_prompts.prompt_groups = lambda *args: None
     try:
@@ -60,7 +60,8 @@ def plain_logps(model, batch, with_entropy=False):
 
 
 def shared_calls(model) -> list[int]:
-    """Counts the model's forwards by batch size (a shared call runs the distinct prompts first)."""
+    """The batch size of each of the model's forwards, appended as they run (a shared call runs the distinct
+    prompts first)."""
     sizes = []
     model.register_forward_pre_hook(lambda module, args, kwargs: sizes.append(len(kwargs["input_ids"])),
                                     with_kwargs=True)
@@ -161,7 +162,7 @@ def test_every_family_shares_exactly_or_not_at_all(family):
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(build_family_config(family, 40))
-    windowed = family in ("mistral", "gemma3", "phi3")
+    windowed = "sliding_window" in FAMILIES[family][1]  # Mistral, Gemma3, Phi3
     assert shares_prompts(model) is not windowed
     batch = grouped_batch()
     sizes = shared_calls(model)
