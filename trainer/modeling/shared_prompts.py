@@ -18,8 +18,9 @@ responses, 58% of the update's forward and backward (benchmarks/README.md, `grpo
 Used where it is exact and the wrappers allow it (`shares_prompts`): a Hugging Face causal LM with full
 attention in every layer (a sliding window would cut the shared keys), alone or in DDP (the prompt forward
 runs on the inner module, the response forward through DDP, so DDP's reducer sees one forward and one
-backward per step), without gradient checkpointing (it turns the cache off in training). Sharded (FSDP2)
-and ColossalAI-wrapped models, and batches whose prompts are all distinct, take the plain forward.
+backward per step), without gradient checkpointing (it turns the cache off in training). FSDP2-sharded
+models (their forward is a collective, and ranks could differ in whether they share), a forward through
+ColossalAI's wrappers, and batches whose prompts are all distinct take the plain forward.
 """
 
 from __future__ import annotations
