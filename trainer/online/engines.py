@@ -10,9 +10,10 @@ sample through it; what happens to the tokens afterwards (stop tokens, masks, de
 `hf` (the default, `rollout.engine: hf`) samples with Hugging Face `generate` (KV cache on) on the
 policy module itself, so in the colocated loop it shares the actor's weights and `sync_from` has
 nothing to copy. Rows with the same prompt (GRPO's groups) share one prefill of it
-(`trainer.modeling.shared_prompts.prefilled_prompts`). On the CPU it samples with `rollout.num_threads` intra-op threads (`sampling_threads`:
-by default 1 for small batches where OpenMP's threads wait passively, since waking a thread costs more
-than a tiny decode step's product saves, and the training's threads otherwise). An FSDP2-sharded
+(`trainer.modeling.shared_prompts.prefilled_prompts`). On the CPU it samples with `rollout.num_threads`
+intra-op threads (`sampling_threads`: by default 1 for small batches where OpenMP's threads wait
+passively, since waking a thread costs more than a tiny decode step's product saves, and the training's
+threads otherwise). An FSDP2-sharded
 policy's forward all-gathers its layers (a collective), so it samples with `synced_gpus=True`: a rank
 whose responses all ended keeps running forwards until every rank's have, and all ranks make the same
 number of calls.
