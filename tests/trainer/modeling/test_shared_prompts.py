@@ -18,6 +18,7 @@ from tests.trainer.algorithms.stand_ins import BigramLM
 from trainer.algorithms.ppo import response_logps
 from trainer.config import GenerationConfig
 from trainer.modeling import shared_prompts
+from trainer.modeling.models import enable_activation_checkpointing
 from trainer.modeling.shared_prompts import prompt_groups, shares_prompts
 from trainer.online import engines
 from trainer.online.engines import HFGenerateEngine
@@ -101,9 +102,7 @@ def test_models_where_sharing_is_not_exact_take_the_plain_forward():
 
     assert shares_prompts(build_tiny_llama(40))
     checkpointed = build_tiny_llama(40)
-    # turns the cache off in training (transformers 5.24 renamed the call and warns on the old name)
-    enable = getattr(checkpointed, "activation_checkpointing_enable", checkpointed.gradient_checkpointing_enable)
-    enable()
+    enable_activation_checkpointing(checkpointed)  # turns the cache off in training
     windowed = MistralForCausalLM(MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                 num_attention_heads=2, num_key_value_heads=1, sliding_window=4))
     wrapped = nn.Module()
