@@ -39,7 +39,8 @@ def prompt_groups(input_ids: Tensor, attention_mask: Tensor, split: int) -> tupl
 
     Args:
         input_ids, attention_mask: (B, T) the batch.
-        split: The first response column; the prompt is everything before it.
+        split: The columns before it are compared: the prompt (scoring), or all of it but its last token
+            (the prefill before `generate`).
 
     Returns:
         (U,) one row of each group and (B,) each row's group, or None when no two rows share a prompt.
@@ -88,24 +89,16 @@ def shared_prompt_logits(model: nn.Module, batch: dict[str, Tensor], start: int)
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     split = start + 1
-    groups = prompt_groups(input_ids, attention_mask, split)
-    if groups is None:
-        return None
-    representative, group = groups
     positions = batch.get("position_ids")
     if positions is None:  # what the model would use on its own: 0, 1, ... over the whole row
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    inner = unwrap_model(model)
-    cache_argument = _cache_argument(inner)
-    prompt = inner(input_ids=input_ids[representative, :split], attention_mask=attention_mask[representative, :split],
-                   position_ids=positions[representative, :split], use_cache=True, logits_to_keep=1)
-    cache = prompt.get(cache_argument)
-    if not hasattr(cache, "batch_select_indices"):  # a cache of another kind (a recurrent layer's state)
+    shared = _gathered_prompt_cache(unwrap_model(model), input_ids, attention_mask, positions, split)
+    if shared is None:
         return None
-    cache.batch_select_indices(group)  # every row gets its prompt's keys and values (B, heads, split, dim)
+    prompt_logits, cache_argument, cache, group = shared
     responses = model(input_ids=input_ids[:, split:], attention_mask=attention_mask,
                       position_ids=positions[:, split:], use_cache=True, **{cache_argument: cache})
-    return torch.cat([prompt.logits[group], responses.logits], dim=1)  # (B, 1 + T - split, V)
+    return torch.cat([prompt_logits[group], responses.logits], dim=1)  # (B, 1 + T - split, V)
 
 
 def prefilled_prompts(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> dict[str, Any]:
@@ -120,20 +113,38 @@ def prefilled_prompts(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor)
     """
     if prompt_ids.shape[1] < 2 or getattr(getattr(model, "generation_config", None), "cache_implementation", None):
         return {}  # nothing to prefill, or `generate` is to build a cache of its own kind (static, offloaded)
-    groups = prompt_groups(prompt_ids, prompt_mask, prompt_ids.shape[1])
-    if groups is None:
-        return {}
-    representative, group = groups
-    cached = slice(0, prompt_ids.shape[1] - 1)
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P), what `generate` gives real tokens
-    name = _cache_argument(model)
-    prompt = model(input_ids=prompt_ids[representative, cached], attention_mask=prompt_mask[representative, cached],
-                   position_ids=positions[representative, cached], use_cache=True, logits_to_keep=1)
-    cache = prompt.get(name)
-    if not hasattr(cache, "batch_select_indices"):
+    shared = _gathered_prompt_cache(model, prompt_ids, prompt_mask, positions, prompt_ids.shape[1] - 1)
+    if shared is None:
         return {}
-    cache.batch_select_indices(group)  # (B, heads, P - 1, dim) per layer
-    return {name: cache}
+    _, cache_argument, cache, _ = shared
+    return {cache_argument: cache}
+
+
+def _gathered_prompt_cache(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, positions: Tensor,
+                           length: int) -> tuple[Tensor, str, Any, Tensor] | None:
+    """Each distinct prefix of `length` columns run once through `model` (the unwrapped module), its KV cache
+    gathered to every row.
+
+    Rows are grouped by those columns alone: whatever follows them is run per row on top of the cache.
+
+    Returns:
+        The prefix forward's last logits (U, 1, V), the name of the cache argument, the cache (B rows, `length`
+        positions), and each row's group (B,); None when no two rows share the prefix or the cache is of a kind
+        that cannot be gathered (a recurrent layer's state).
+    """
+    groups = prompt_groups(input_ids, attention_mask, length)
+    if groups is None:
+        return None
+    representative, group = groups
+    name = _cache_argument(model)
+    prefix = model(input_ids=input_ids[representative, :length], attention_mask=attention_mask[representative, :length],
+                   position_ids=positions[representative, :length], use_cache=True, logits_to_keep=1)
+    cache = prefix.get(name)
+    if not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(group)  # every row gets its prefix's keys and values (B, heads, length, dim)
+    return prefix.logits, name, cache, group
 
 
 def _cache_argument(model: nn.Module) -> str:
