@@ -132,7 +132,8 @@ class AgentRollout:
         timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
                    "tools": tool_seconds}
         return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=episode_metrics(episodes, timings),
-                             trajectories=trajectories)
+                             trajectories=trajectories,
+                             tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes])
 
     def sample_turns(self, engine: RolloutEngine, active: list[Episode], options: GenerationConfig,
                      stops: list[int], device: torch.device) -> None:

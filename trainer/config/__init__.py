@@ -36,6 +36,7 @@ from trainer.config.stages import (  # noqa: F401
     DPOConfig,
     EvaluateConfig,
     EvaluationRewardConfig,
+    GateConfig,
     GenerationConfig,
     GRPOAlgorithmConfig,
     GRPOConfig,

@@ -386,13 +386,33 @@ class EvaluationRewardConfig(Section):
     function: str | None = Field(
         None, description="Reward function by registered name, called as f(prompt, completion, answer) -> float."
     )
-    model_path: str | None = Field(None, description="Reward model directory whose mean score is reported too.")
+    model_path: str | None = Field(
+        None, description="Reward model directory. With one, the gate judges its score (the model was trained on it) "
+        "and the reward function's checkable reward becomes a guard that must not fall (`gate`).")
 
     @model_validator(mode="after")
     def _at_least_one(self) -> EvaluationRewardConfig:
         if self.function is None and self.model_path is None:
             raise ValueError("set function, model_path or both")
         return self
+
+
+class GateConfig(Section):
+    """The registration gate's statistics (trainer/online/paired_gate.py; docs/pipelines.md, "The gate")."""
+
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="Confidence of the one-sided lower bounds the gate compares (0.95: one "
+        "candidate in twenty that is truly no better than `min_effect` still passes).")
+    min_effect: float = Field(
+        0.05, ge=0.0, description="The least improvement of the primary metric (the checkable reward, or the reward "
+        "model's score when there is one) a candidate must show with `confidence`, in the metric's units: for a 0/1 "
+        "reward, a share of the held-out prompts.")
+    guard_tolerance: float = Field(
+        0.05, ge=0.0, description="How much a guard (the checkable reward when a reward model is primary; the share of "
+        "agent episodes whose tool calls were all valid) may fall, at `confidence`, before it refuses the candidate.")
+    max_length_growth: float = Field(
+        0.5, ge=0.0, description="Where a reward model is primary: how much longer the responses may get, as a share "
+        "of the reference model's mean length (reward models are known to favour length), at `confidence`.")
 
 
 class EvaluateConfig(Section):
@@ -414,6 +434,7 @@ class EvaluateConfig(Section):
     environment: EnvironmentConfig | None = Field(
         None, description="Score multi-turn episodes in this environment (as the online stage trained them); null "
         "scores one response per prompt.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="The registration gate's statistics.")
 
 
 # Every config `python -m trainer <command>` reads.

@@ -1,6 +1,6 @@
 """Scoring a policy's responses on held-out prompts: the online stages' evaluation and `python -m trainer evaluate`.
 
-`mean_score` is the one evaluation loop: prompts split across ranks, responses generated and
+`score_rows` is the one evaluation loop: prompts split across ranks, responses generated and
 scored by `generate_and_score`, the sum all-reduced. Answers are sampled by the config's
 `rollout.engine` (`hf` by default; `vllm` loads each saved model into its own engine). `run_evaluation` is what the pipelines'
 `evaluate_model` component launches as its own job (so generation runs on a GPU node): it scores
@@ -8,7 +8,10 @@ a candidate, a baseline and, when given, the registry's champion with the checka
 function and, optionally, a reward model, and writes `final_metrics.json` (`reward`,
 `baseline_reward`, `champion_reward`, `improvement`, `rm_score`, `baseline_rm_score`,
 `champion_rm_score`; with an `environment`, each model's `tool_calls_per_episode` and
-`valid_tool_call_fraction` too) and `samples.jsonl` (the models' answers side by side).
+`valid_tool_call_fraction` too; the gate's `gate/*` and `champion_gate/*` numbers), `samples.jsonl` (the
+models' answers side by side), `gate.json` (each decision and the sentence that explains it) and
+`per_prompt.jsonl` (every held-out row's values per model). The gate compares the models prompt by prompt
+(`judge`, with the statistics of `trainer.online.paired_gate`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer,
 from trainer.online.engine_choice import choose_engine
 from trainer.online.engine_registry import build_rollout_engine
 from trainer.online.engines import EngineSetup, RolloutEngine
+from trainer.online.paired_gate import GateDecision, Guard, PairedComparison, compare_paired
 from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
 from trainer.online.rollout import ScoredRollout, generate_and_score
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env
@@ -41,53 +45,97 @@ SAMPLES_KEPT = 10
 MODEL_KEYS = {"": "model.path", "baseline_": "baseline_path", "champion_": "champion_path"}
 
 
+# What an evaluation records per row besides its scores: the response's length in model tokens, and for
+# multi-turn episodes the tool calls made and how many of them failed.
+ROW_FIELDS = ("response_tokens", "tool_calls", "tool_errors")
+
+
 @torch.no_grad()
-def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
+def score_rows(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
                device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
-               batch_size: int = 64, agent: Any = None) -> tuple[list[float], list[ScoredRollout]]:
-    """Mean score of `model`'s responses to `rows` under each scorer; this rank's rows are `rows[rank::world_size]`.
+               batch_size: int = 64, agent: Any = None) -> tuple[torch.Tensor, list[ScoredRollout]]:
+    """Every row's scores from `model`'s responses, over all ranks; this rank's rows are `rows[rank::world_size]`.
 
     `model` is a model (sampled by the default `hf` engine) or a training run's rollout engine. With an
     `agent` (`trainer.agents.rollout.AgentRollout`) each row is a multi-turn episode, scored on its last turn.
 
     Returns:
-        One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.
+        (len(scorers) + len(ROW_FIELDS), len(rows)) float64 values in row order: each scorer's score, then
+        `ROW_FIELDS`; and this rank's rollouts scored by the first scorer.
     """
-    mine = rows[rank::world_size]
-    totals = torch.zeros(len(scorers) + 1, dtype=torch.float64, device=device)  # (scorers..., count)
+    mine = list(range(rank, len(rows), world_size))
+    values = torch.zeros(len(scorers) + len(ROW_FIELDS), len(rows), dtype=torch.float64, device=device)
     rollouts = []
     # Every rank runs the same number of chunks: under FSDP2 each generation and reward-model forward is a
     # collective. A rank that ran out of rows (its share is one row short, or empty) scores a stand-in
-    # row and counts nothing from it.
+    # row and records nothing from it.
     chunks = math.ceil(math.ceil(len(rows) / world_size) / batch_size)
+    sample_and_score = agent.generate_and_score if agent is not None else generate_and_score
     for start in range(0, chunks * batch_size, batch_size):
-        chunk = mine[start:start + batch_size]
-        counted = bool(chunk)
-        chunk = chunk or rows[:1]
-        sample_and_score = agent.generate_and_score if agent is not None else generate_and_score
+        indices = mine[start:start + batch_size]
+        chunk = [rows[index] for index in indices] or rows[:1]
         rollout = sample_and_score(model, tokenizer, chunk, generation, device, scorers[0])
         extra = [scorer(rollout.batch, rollout.prompts, rollout.responses, [r.get("answer") for r in chunk])
                  for scorer in scorers[1:]]
-        if not counted:
+        if not indices:
             continue
         rollouts.append(rollout)
-        totals += torch.stack([s.double().sum() for s in (rollout.scores, *extra)]
-                              + [torch.tensor(float(len(chunk)), dtype=torch.float64, device=device)])
-    *sums, count = all_reduce_sum(totals).tolist()
-    return [total / max(count, 1) for total in sums], rollouts
+        calls = torch.tensor(rollout.tool_calls or [(0, 0)] * len(indices), dtype=torch.float64)  # (B, 2)
+        columns = [s.double().cpu() for s in (rollout.scores, *extra)]
+        columns += [rollout.batch["action_mask"].sum(dim=1).double().cpu(), calls[:, 0], calls[:, 1]]
+        values[:, indices] = torch.stack(columns).to(device)  # (K, B)
+    return all_reduce_sum(values), rollouts
 
 
-def tool_call_counts(rollouts: list[ScoredRollout], num_rows: int, device: torch.device) -> dict[str, float]:
-    """Over all ranks' episodes: tool calls per episode, and the share of calls that were valid (parsed, a known
-    tool, ran without error; 0 when no call was made)."""
-    calls = valid = 0.0
-    for rollout in rollouts:  # each rollout's `agent/*` metrics are means over its own episodes
-        made = rollout.metrics["agent/tool_calls_per_episode"] * len(rollout.prompts)
-        calls += made
-        valid += rollout.metrics["agent/valid_tool_call_fraction"] * made
-    valid, calls = all_reduce_sum(torch.tensor([valid, calls], dtype=torch.float64, device=device)).tolist()
-    return {"tool_calls_per_episode": calls / max(num_rows, 1),
-            "valid_tool_call_fraction": valid / calls if calls else 0.0}
+@torch.no_grad()
+def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
+               device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
+               batch_size: int = 64, agent: Any = None) -> tuple[list[float], list[ScoredRollout]]:
+    """Mean score of `model`'s responses to `rows` under each scorer (`score_rows`, whose arguments it takes).
+
+    Returns:
+        One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.
+    """
+    values, rollouts = score_rows(model, tokenizer, rows, generation, device, scorers, rank, world_size, batch_size,
+                                  agent)
+    return (values[:len(scorers)].sum(dim=1) / max(len(rows), 1)).tolist(), rollouts
+
+
+def tool_call_counts(calls: list[float], errors: list[float]) -> dict[str, float]:
+    """Tool calls per episode, and the share of calls that were valid (parsed, a known tool, ran without error;
+    0 when no call was made), from each episode's calls and failed calls."""
+    made, failed = sum(calls), sum(errors)
+    return {"tool_calls_per_episode": made / max(len(calls), 1),
+            "valid_tool_call_fraction": (made - failed) / made if made else 0.0}
+
+
+def judge(config: EvaluateConfig, candidate: dict[str, list[float]], reference: dict[str, list[float]],
+          reference_name: str) -> GateDecision:
+    """The gate's decision for the candidate against `reference_name` (`baseline`, `champion`), from each model's
+    per-row values by name (docs/pipelines.md, "The gate").
+
+    The primary metric is what the candidate was trained to raise: the reward model's score where there is one,
+    else the checkable reward. Where a reward model is primary, the checkable reward (the reward-hacking guard)
+    and the responses' length are guards; for agents, the share of episodes whose tool calls were all valid.
+    """
+    gate = config.gate
+
+    def compare(metric: str, lower_is_better: bool = False) -> PairedComparison:
+        return compare_paired(candidate[metric], reference[metric], confidence=gate.confidence, metric=metric,
+                              lower_is_better=lower_is_better)
+
+    primary = "rm_score" if config.reward.model_path is not None else "reward"
+    guards = []
+    if primary == "rm_score":
+        if "reward" in candidate:
+            guards.append(Guard(compare("reward"), gate.guard_tolerance))
+        reference_length = sum(reference["response_tokens"]) / len(reference["response_tokens"])
+        guards.append(Guard(compare("response_tokens", lower_is_better=True),
+                            gate.max_length_growth * reference_length))
+    if config.environment is not None:
+        guards.append(Guard(compare("valid_tool_calls"), gate.guard_tolerance))
+    return GateDecision(reference=reference_name, primary=compare(primary), min_effect=gate.min_effect,
+                        confidence=gate.confidence, guards=tuple(guards))
 
 
 def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[Any], list[str]]:
@@ -121,7 +169,8 @@ def build_evaluation_engine(config: EvaluateConfig, path: str, key: str, device:
 
 
 def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
-    """Score the candidate (and the baseline) and write the results to `output_dir`; returns the metrics."""
+    """Score the candidate (and the baseline, and the champion), judge the gate, and write the results to
+    `output_dir`; returns the metrics."""
     check_output_directories(config)  # before the generation it would otherwise throw away
     env = read_distributed_env()
     device = pick_device(env)
@@ -131,6 +180,7 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     collector.resume()  # the models load one at a time below; the imports and the scorers are done
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict]] = {}
+    per_row: dict[str, dict[str, list[float]]] = {}  # model prefix -> value name -> one value per row
     paths = {"": config.model.path, "baseline_": config.baseline_path, "champion_": config.champion_path}
     models = {prefix: path for prefix, path in paths.items() if path}
     for prefix, path in models.items():
@@ -138,22 +188,39 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
         engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
         agent = build_agent_rollout(config.environment, tokenizer)
         try:
-            means, rollouts = mean_score(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
-                                         env.world_size, config.batch_size, agent=agent)
+            values, rollouts = score_rows(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
+                                          env.world_size, config.batch_size, agent=agent)
         finally:
             engine.close()  # one model's engine at a time
+        per_row[prefix] = {name: row.tolist() for name, row in zip([*names, *ROW_FIELDS], values.cpu())}
+        per_row[prefix]["valid_tool_calls"] = [float(errors == 0) for errors in per_row[prefix]["tool_errors"]]
+        means = [sum(per_row[prefix][name]) / max(len(rows), 1) for name in names]
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
         if agent is not None:  # multi-turn episodes: how the model used its tools
-            counts = tool_call_counts(rollouts, len(rows), device)
+            counts = tool_call_counts(per_row[prefix]["tool_calls"], per_row[prefix]["tool_errors"])
             metrics.update({f"{prefix}{name}": value for name, value in counts.items()})
         samples[prefix or "candidate"] = [s for rollout in rollouts for s in rollout.samples(len(rollout.prompts))]
         logger.info("%s: %s", path, ", ".join(f"{n}={v:.4f}" for n, v in zip(names, means)))
         del engine
+    decisions = [judge(config, per_row[""], per_row[prefix], reference)
+                 for prefix, reference in (("baseline_", "baseline"), ("champion_", "champion")) if prefix in per_row]
     if config.baseline_path:
         metrics["improvement"] = metrics[names[0]] - metrics[f"baseline_{names[0]}"]
+    for decision in decisions:
+        metrics.update(decision.metrics())
+        logger.info("gate: %s", decision.reason)
     if env.is_main_process:
-        write_results(config.output_dir, metrics, side_by_side(samples))
+        write_results(config.output_dir, metrics, side_by_side(samples), decisions,
+                      per_prompt_rows(rows, per_row))
     return metrics
+
+
+def per_prompt_rows(rows: list[dict], per_row: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """One record per held-out row: its prompt and each model's values (what the gate's statistics read)."""
+    return [{"prompt": str(row["prompt"]),
+             **{prefix.rstrip("_") or "candidate": {name: values[index] for name, values in named.items()}
+                for prefix, named in per_row.items()}}
+            for index, row in enumerate(rows)]
 
 
 def side_by_side(samples: dict[str, list[dict]]) -> list[dict]:
@@ -169,9 +236,15 @@ def side_by_side(samples: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def write_results(output_dir: str, metrics: dict[str, float], samples: list[dict]) -> None:
+def write_results(output_dir: str, metrics: dict[str, float], samples: list[dict],
+                  decisions: list[GateDecision] = (), per_prompt: list[dict] = ()) -> None:
+    """`final_metrics.json`, `samples.jsonl`, `gate.json` (each decision and its reason, by reference) and
+    `per_prompt.jsonl` (every row's values per model)."""
+    gate = {d.reference: {"opens": d.opens, "reason": d.reason, "metrics": d.metrics()} for d in decisions}
     files = {"final_metrics.json": json.dumps(metrics, indent=2),
-             "samples.jsonl": "".join(json.dumps(row) + "\n" for row in samples)}
+             "samples.jsonl": "".join(json.dumps(row) + "\n" for row in samples),
+             "gate.json": json.dumps(gate, indent=2),
+             "per_prompt.jsonl": "".join(json.dumps(row) + "\n" for row in per_prompt)}
     storage = get_storage(output_dir)
     for name, text in files.items():
         storage.write_bytes(join_uri(output_dir, name), text.encode())

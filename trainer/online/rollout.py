@@ -108,6 +108,7 @@ class ScoredRollout:
     engine_logps: Tensor | None = None  # (B, P + R) the engine's log-probs of the response tokens, if it gives them
     metrics: dict[str, float] = field(default_factory=dict)  # multi-turn episodes: `agent/*` (trainer.agents)
     trajectories: list[str] | None = None  # multi-turn episodes rendered for reports; `responses` are last turns
+    tool_calls: list[tuple[int, int]] | None = None  # multi-turn episodes: (tool calls, of which failed) per row
 
     def samples(self, count: int) -> list[dict]:
         """The first `count` (prompt, response, score) triples, for reports (a whole episode as its response)."""

@@ -108,13 +108,10 @@ def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_pat
         AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())
 
 
-def test_tool_call_validity_is_weighted_by_the_calls_each_rollout_made():
+def test_tool_call_validity_is_weighted_by_the_calls_each_episode_made():
     from trainer.online.evaluate import tool_call_counts
-    from trainer.online.rollout import ScoredRollout
 
-    def rollout(episodes, calls_per_episode, valid_fraction):
-        return ScoredRollout({}, ["p"] * episodes, [], None, None, metrics={
-            "agent/tool_calls_per_episode": calls_per_episode, "agent/valid_tool_call_fraction": valid_fraction})
-
-    counts = tool_call_counts([rollout(4, 1.0, 0.5), rollout(2, 3.0, 1.0)], 6, torch.device("cpu"))
+    # Four episodes with one call each, half of them failed; two with three calls each, none failed.
+    counts = tool_call_counts([1, 1, 1, 1, 3, 3], [1, 0, 1, 0, 0, 0])
     assert counts == {"tool_calls_per_episode": 10 / 6, "valid_tool_call_fraction": (2 + 6) / 10}
+    assert tool_call_counts([0, 0], [0, 0]) == {"tool_calls_per_episode": 0.0, "valid_tool_call_fraction": 0.0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import yaml
 
@@ -34,6 +35,20 @@ def test_reward_is_the_fraction_of_checked_answers_and_improvement_the_differenc
     assert 0.0 <= metrics["baseline_reward"] < metrics["reward"] <= 1.0  # SFT beats the untrained model
     assert metrics["improvement"] == metrics["reward"] - metrics["baseline_reward"]
     assert metrics["reward"] * len(rows) == round(metrics["reward"] * len(rows))  # a count of right answers
+    # The gate reads every prompt's pair of scores, written beside the means they average to.
+    from trainer.online.paired_gate import compare_paired
+
+    per_prompt = [json.loads(line) for line in (tmp_path / "out" / "per_prompt.jsonl").read_text().splitlines()]
+    assert [record["prompt"] for record in per_prompt] == [row["prompt"] for row in rows]
+    ours, theirs = ([record[model]["reward"] for record in per_prompt] for model in ("candidate", "baseline"))
+    assert sum(ours) / len(rows) == pytest.approx(metrics["reward"])
+    assert sum(theirs) / len(rows) == pytest.approx(metrics["baseline_reward"])
+    expected = compare_paired(ours, theirs, confidence=0.95)
+    assert metrics["gate/lower_bound"] == pytest.approx(expected.lower_bound)
+    assert metrics["gate/opens"] == float(expected.lower_bound >= 0.05) and metrics["gate/n"] == len(rows)
+    gate = json.loads((tmp_path / "out" / "gate.json").read_text())
+    assert gate["baseline"]["opens"] == bool(metrics["gate/opens"]) and "reward" in gate["baseline"]["reason"]
+    assert set(gate) == {"baseline"}  # no champion was given
 
 
 def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model, tiny_model, task_files):
@@ -43,6 +58,12 @@ def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model
     metrics = evaluate(tmp_path, sft_model, tiny_model, task_files["eval_prompts"],
                        function="trainer.tiny.task:reward", model_path=str(tmp_path / "rm"))
     assert {"reward", "baseline_reward", "rm_score", "baseline_rm_score", "improvement"} <= set(metrics)
+    # With a reward model the gate judges its score; the checker's reward and the length are guards.
+    gate = json.loads((tmp_path / "out" / "gate.json").read_text())["baseline"]
+    assert "rm_score" in gate["reason"].split(":")[1]
+    assert {"gate/guard/reward/holds", "gate/guard/response_tokens/holds"} <= set(metrics)
+    per_prompt = [json.loads(line) for line in (tmp_path / "out" / "per_prompt.jsonl").read_text().splitlines()]
+    assert all(1 <= record["candidate"]["response_tokens"] <= 4 for record in per_prompt)  # max_new_tokens 4
 
 
 class CountingEngine(HFGenerateEngine):
