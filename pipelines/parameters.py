@@ -54,8 +54,17 @@ SHARED = {
                   "object, e.g. {\"cpu_request\": \"8\", \"memory_limit\": \"96Gi\", \"active_deadline_seconds\": "
                   "86400}; keys: components/launcher/settings/options.py.",
     "max_new_tokens": "Longest answer, in tokens, that the evaluation generates per prompt.",
-    "registered_model_name": "MLflow registered model the candidate becomes a new version of when it beats the SFT "
-                             "baseline; its `champion` is scored beside it.",
+    "gate_confidence": "Confidence of the gate's lower bounds (0.95: a candidate truly no better than the minimum "
+                       "effect still passes one time in twenty). The gate compares candidate and baseline (and "
+                       "champion) prompt by prompt on the held-out prompts (docs/pipelines.md, \"The gate\").",
+    "gate_min_effect": "The least gain the candidate must show at gate_confidence to be registered (and to become "
+                       "champion against the champion), in the judged metric's units: for a 0/1 reward, a share of "
+                       "the held-out prompts; the reward model's score where rlhf-ppo trained on one.",
+    "gate_guard_tolerance": "How far a guard may fall, at gate_confidence, before it refuses the candidate: the "
+                            "checkable reward where a reward model is judged (reward hacking), the share of agent "
+                            "episodes whose tool calls were all valid.",
+    "registered_model_name": "MLflow registered model the candidate becomes a new version of when the gate opens "
+                             "(it beat the SFT baseline with confidence); its `champion` is scored beside it.",
 }
 STAGES = {"sft": ("SFT", "components.sft.component", "train_sft"),
           "rm": ("Reward model", "components.rm.component", "train_reward_model"),

@@ -33,6 +33,9 @@ def rlhf_dpo(
     dpo_beta: float = 0.1,
     dpo_settings: dict = {},
     max_new_tokens: int = 256,
+    gate_confidence: float = 0.95,
+    gate_min_effect: float = 0.05,
+    gate_guard_tolerance: float = 0.05,
     registered_model_name: str = "alignflow-dpo",
 ):
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
@@ -46,4 +49,5 @@ def rlhf_dpo(
         return Candidate(as_stage(dpo_task))
 
     sft_then_align("rlhf-dpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
-                   (sft_lr, sft_epochs, sft_settings), dpo, reward_function, max_new_tokens, registered_model_name)
+                   (sft_lr, sft_epochs, sft_settings), dpo, reward_function, max_new_tokens, registered_model_name,
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))

@@ -32,6 +32,9 @@ def rlhf_grpo(
     grpo_generations: int = 8,
     grpo_settings: dict = {},
     max_new_tokens: int = 256,
+    gate_confidence: float = 0.95,
+    gate_min_effect: float = 0.05,
+    gate_guard_tolerance: float = 0.05,
     registered_model_name: str = "alignflow-grpo",
     rollout_engine: str = "hf",
 ):
@@ -48,4 +51,5 @@ def rlhf_grpo(
 
     sft_then_align("rlhf-grpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), grpo, reward_function, max_new_tokens, registered_model_name,
-                   rollout_engine)
+                   rollout_engine,
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))

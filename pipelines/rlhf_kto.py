@@ -40,6 +40,9 @@ def rlhf_kto(
     kto_undesirable_weight: float = 1.0,
     kto_settings: dict = {},
     max_new_tokens: int = 256,
+    gate_confidence: float = 0.95,
+    gate_min_effect: float = 0.05,
+    gate_guard_tolerance: float = 0.05,
     registered_model_name: str = "alignflow-kto",
 ):
     """SFT, then KTO on unpaired feedback, evaluated against the SFT model and registered if better."""
@@ -55,4 +58,5 @@ def rlhf_kto(
         return Candidate(as_stage(kto_task))
 
     sft_then_align("rlhf-kto", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
-                   (sft_lr, sft_epochs, sft_settings), kto, reward_function, max_new_tokens, registered_model_name)
+                   (sft_lr, sft_epochs, sft_settings), kto, reward_function, max_new_tokens, registered_model_name,
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))

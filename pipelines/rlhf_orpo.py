@@ -38,6 +38,9 @@ def rlhf_orpo(
     orpo_beta: float = 0.1,
     orpo_settings: dict = {},
     max_new_tokens: int = 256,
+    gate_confidence: float = 0.95,
+    gate_min_effect: float = 0.05,
+    gate_guard_tolerance: float = 0.05,
     registered_model_name: str = "alignflow-orpo",
 ):
     """SFT, then ORPO on preference pairs, evaluated against the SFT model and registered if better."""
@@ -53,4 +56,5 @@ def rlhf_orpo(
 
     sft_then_align("rlhf-orpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), orpo, reward_function, max_new_tokens,
-                   registered_model_name)
+                   registered_model_name,
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))

@@ -7,7 +7,7 @@ Every pipeline has the same frame, which `sft_then_align` writes:
         inputs = prepare(lineage, base_model_uri, sft_train_uri=..., ...)
         sft = sft_stage(...)
         candidate = align(sft, inputs, stage_arguments(cluster, lineage, scheduling))
-        evaluate_and_register(candidate.task, sft, ..., lineage, "rlhf-dpo")
+        evaluate_and_register(candidate.task, sft, ..., lineage, "rlhf-dpo", gate=...)
 
 A pipeline's own file declares its parameters (KFP reads them from the function's signature) and
 `align`: the stage or stages between SFT and the evaluation (DPO; a reward model then PPO; ...).
@@ -91,16 +91,19 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
                           lineage: dsl.PipelineTask, pipeline: str, scheduling: dict,
                           reward_model: dsl.PipelineTask | None = None, rollout_engine: str = "hf",
-                          environment: str = "") -> None:
-    """Compare the candidate with the baseline on held-out prompts; register it only if it scores higher.
+                          environment: str = "", gate: tuple[float, float, float] = (0.95, 0.05, 0.05)) -> None:
+    """Compare the candidate with the baseline on held-out prompts; register it only if it is confidently better.
 
     The evaluation scores the registry's current champion too, in the same job on the same prompts,
-    and logs its metrics under the parent run whatever the gate decides. The gate registers the
-    version (alias `candidate`) and moves `champion` when it also beats the champion's live score
-    (components/register). Neither step is cached: the champion changes between runs. `rollout_engine`
-    samples the answers (`hf`, or `vllm` on the trainer image's vLLM variant); with an `environment`, each
-    held-out prompt is a multi-turn episode in it.
+    compares the models prompt by prompt and logs its metrics under the parent run whatever the gate
+    decides. `gate` is (confidence, minimum effect, guard tolerance): the candidate is registered (alias
+    `candidate`) when the lower confidence bound of its gain over the baseline clears the minimum effect
+    and no guard falls, and `champion` moves when the same holds against the champion (docs/pipelines.md,
+    "The gate"). Neither step is cached: the champion changes between runs. `rollout_engine` samples the
+    answers (`hf`, or `vllm` on the trainer image's vLLM variant); with an `environment`, each held-out
+    prompt is a multi-turn episode in it.
     """
+    confidence, min_effect, guard_tolerance = gate
     extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
     if environment:
         extra["environment"] = environment
@@ -108,9 +111,11 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                                         prompts=inputs.outputs["eval_prompts"], reward_function=reward_function,
                                         max_new_tokens=max_new_tokens, registered_model_name=registered_model_name,
                                         parent_run_id=lineage.output, scheduling=scheduling,
-                                        rollout_engine=rollout_engine, **cluster, **extra))
+                                        rollout_engine=rollout_engine, gate_confidence=confidence,
+                                        gate_min_effect=min_effect, gate_guard_tolerance=guard_tolerance,
+                                        **cluster, **extra))
     evaluation.set_caching_options(False)  # it scores whichever version is the champion now
-    with dsl.If(evaluation.outputs["Output"] > 0.0, name="beats-baseline"):
+    with dsl.If(evaluation.outputs["Output"] == "register", name="gate-opens"):
         gate = as_step(register_model(model=candidate.outputs["model"], evaluation=evaluation.outputs["metrics"],
                                       name=registered_model_name, parent_run_id=lineage.output,
                                       run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=pipeline))
@@ -137,7 +142,8 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
                    scheduling: dict, sft: tuple[float, int, dict],
                    align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], Candidate],
                    reward_function: str, max_new_tokens: int, registered_model_name: str,
-                   rollout_engine: str = "hf", environment: str = "") -> None:
+                   rollout_engine: str = "hf", environment: str = "",
+                   gate: tuple[float, float, float] = (0.95, 0.05, 0.05)) -> None:
     """The whole frame of every pipeline: what comes before and after the stages that make the candidate.
 
     Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,
@@ -158,6 +164,7 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         registered_model_name: The registry name the gate registers under.
         rollout_engine: What samples the evaluation's answers (`hf`, or `vllm`).
         environment: With a name, each held-out prompt is evaluated as a multi-turn episode in that environment.
+        gate: The gate's (confidence, minimum effect, guard tolerance) (`evaluate_and_register`).
     """
     lineage = open_run(pipeline, base_model_uri, dataset_sha256, **datasets)
     stage = stage_arguments(cluster, lineage, scheduling)
@@ -168,4 +175,4 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         evaluate_and_register(candidate.task, sft_task, inputs, cluster, reward_function, max_new_tokens,
                               registered_model_name, lineage, pipeline, scheduling,
                               reward_model=candidate.reward_model, rollout_engine=rollout_engine,
-                              environment=environment)
+                              environment=environment, gate=gate)

@@ -29,10 +29,17 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
         "generation": {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0},
         "rollout": {"engine": params.get("rollout_engine") or "hf"},
         "environment": {"name": params["environment"]} if params.get("environment") else None,
+        "gate": {"confidence": params.get("gate_confidence", 0.95), "min_effect": params.get("gate_min_effect", 0.05),
+                 "guard_tolerance": params.get("gate_guard_tolerance", 0.05)},
     }
 
 
-def run_evaluation_component(params: dict[str, Any]) -> float:
+def read_gate(job_root: str) -> dict[str, dict]:
+    """The evaluation job's gate decisions by reference (`baseline`, `champion`): `opens`, `reason`, `metrics`."""
+    return json.loads(get_storage(job_root).read_bytes(join_uri(job_root, "gate.json")))
+
+
+def run_evaluation_component(params: dict[str, Any]) -> str:
     metrics, report = params["metrics"], params["report"]
     job_root = params.get("job_root") or default_job_root(metrics.uri, params["run_id"], "evaluate")
     name = params.get("registered_model_name") or ""
@@ -40,29 +47,30 @@ def run_evaluation_component(params: dict[str, Any]) -> float:
     config = evaluation_config(params, champion)
     scores = run_stage_job("evaluate", config, model_uri=None, job_root=job_root, run_id=params["run_id"],
                            task="evaluate", cluster=cluster_options(params, config=config))
+    gate = read_gate(job_root)
     if params.get("parent_run_id"):
         log_evaluation(parent_run_id=params["parent_run_id"], kfp_run_id=params["run_id"], scores=scores,
                        models={"candidate": params["model"].uri, "baseline": params["baseline"].uri},
-                       champion=champion)
+                       champion=champion, reasons={reference: d["reason"] for reference, d in gate.items()})
     if champion is not None:
         scores["champion_version"] = float(champion.version)  # the gate compares with this version's scores
     for key, value in scores.items():
         metrics.log_metric(key, float(value))
     with open(report.path, "w") as handle:
-        handle.write(comparison_report(scores, job_root))
-    headline = "reward" if "reward" in scores else "rm_score"
-    return scores[headline] - scores[f"baseline_{headline}"]
+        handle.write(comparison_report(scores, job_root, gate))
+    return "register" if gate["baseline"]["opens"] else "refuse"
 
 
-def comparison_report(scores: dict[str, float], job_root: str) -> str:
-    """Markdown: candidate vs baseline (and champion, when one was scored) per metric, then sample answers
-    side by side."""
+def comparison_report(scores: dict[str, float], job_root: str, gate: dict[str, dict]) -> str:
+    """Markdown: the gate's decisions, candidate vs baseline (and champion, when one was scored) per metric, then
+    sample answers side by side."""
     names = [name for name in ("reward", "rm_score") if name in scores]
     champion = "champion_version" in scores
     title = f"# Candidate vs baseline and champion (version {scores['champion_version']:.0f})" if champion else \
         "# Candidate vs baseline"
+    lines = [title, "", *gate_section(gate), ""]
     header = "| metric | candidate | baseline | difference |" + (" champion | difference |" if champion else "")
-    lines = [title, "", header, "|---|---|---|---|" + ("---|---|" if champion else "")]
+    lines += ["## Means", "", header, "|---|---|---|---|" + ("---|---|" if champion else "")]
     for name in names:
         candidate, baseline = scores[name], scores[f"baseline_{name}"]
         row = f"| {name} | {candidate:.4f} | {baseline:.4f} | {candidate - baseline:+.4f} |"
@@ -83,3 +91,27 @@ def comparison_report(scores: dict[str, float], job_root: str) -> str:
                             for o in others)
                   for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def gate_section(gate: dict[str, dict]) -> list[str]:
+    """The gate's table: per reference and metric, the paired difference, its lower bound and the bar it had to
+    clear (the minimum effect for the judged metric, minus the tolerance for a guard)."""
+    lines = ["## The gate", "", "| against | metric | n | difference | lower bound | must reach | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for reference, decision in gate.items():
+        numbers = decision["metrics"]
+        prefix = "gate" if reference == "baseline" else f"{reference}_gate"
+        confidence = numbers[f"{prefix}/confidence"]
+        lines.append(f"| {reference} | {decision['metric']} | {numbers[f'{prefix}/n']:.0f} | {numbers[f'{prefix}/difference']:+.4f} | "
+                     f"{numbers[f'{prefix}/lower_bound']:+.4f} | {numbers[f'{prefix}/min_effect']:+.4f} | "
+                     f"{'opens' if decision['opens'] else 'refused'} |")
+        guards = sorted({key.split("/")[2] for key in numbers if key.startswith(f"{prefix}/guard/")})
+        for metric in guards:
+            key = f"{prefix}/guard/{metric}"
+            lines.append(f"| {reference} | guard: {metric} | | {numbers[f'{key}/difference']:+.4f} | "
+                         f"{numbers[f'{key}/lower_bound']:+.4f} | {-numbers[f'{key}/tolerance']:+.4f} | "
+                         f"{'holds' if numbers[f'{key}/holds'] else 'falls'} |")
+    lines += ["", f"Lower bounds are one-sided at {confidence:.0%} confidence, paired prompt by prompt "
+                  "(docs/pipelines.md, \"The gate\")."]
+    lines += [f"- {reference}: {decision['reason']}" for reference, decision in gate.items()]
+    return lines

@@ -64,13 +64,14 @@ def find_evaluate_run(client, experiment: str, parent_run_id: str) -> str | None
 
 
 def log_evaluation(*, parent_run_id: str, kfp_run_id: str, scores: dict[str, float], models: dict[str, str],
-                   champion: Champion | None) -> str:
+                   champion: Champion | None, reasons: dict[str, str] | None = None) -> str:
     """Log the evaluation's metrics into the pipeline's lineage; returns the nested run's id.
 
-    `models` maps a role (candidate, baseline) to the model URI scored. A retried task logs into the
+    `models` maps a role (candidate, baseline) to the model URI scored; `reasons` the gate's sentence per reference
+    (`baseline`, `champion`), tagged `alignflow.gate.<reference>` on both runs. A retried task logs into the
     run its earlier attempt opened.
     """
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     client = tracking_client()
     experiment = experiment_id(client)
@@ -87,6 +88,9 @@ def log_evaluation(*, parent_run_id: str, kfp_run_id: str, scores: dict[str, flo
     client.log_batch(run_id, metrics=[Metric(key, float(value), now, 0) for key, value in scores.items()])
     client.log_batch(parent_run_id, metrics=[Metric(f"evaluation/{key}", float(value), now, 0)
                                              for key, value in scores.items()])
+    tags = [RunTag(f"alignflow.gate.{reference}", reason) for reference, reason in (reasons or {}).items()]
+    for target in (run_id, parent_run_id):
+        client.log_batch(target, tags=tags)
     client.set_terminated(run_id)
     logger.info("evaluation metrics logged to MLflow run %s (nested under %s)", run_id, parent_run_id)
     return run_id

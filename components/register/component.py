@@ -22,14 +22,16 @@ def register_model(
     The candidate's directory becomes an MLflow model where it lies (an MLmodel file beside the
     weights, no second copy); the version links to the candidate stage's MLflow run (nested under
     the pipeline's parent run) and is tagged with the KFP run id, the pipeline, the evaluation's
-    metrics and the datasets' hashes. Alias `candidate` moves to it; `champion` moves to it when its
-    headline score beats the current champion's, as evaluate_model scored that champion in this run
-    (`champion_<metric>`), or when there is none.
+    metrics, the gate's reasons (`alignflow.gate.baseline`, `alignflow.gate.champion`) and the datasets'
+    hashes. Alias `candidate` moves to it; `champion` moves to it when evaluate_model, which scored that
+    champion in this run, judged the candidate confidently better than it by the gate's rule
+    (`champion_gate/opens`), or when there is none.
 
     Args:
         model: The candidate HF model (its `stage` metadata names the stage run to link).
-        evaluation: The evaluation's metrics (reward/baseline_reward, rm_score/baseline_rm_score, and the
-            champion's champion_reward/champion_rm_score with champion_version when it scored one).
+        evaluation: The evaluation's metrics (reward/baseline_reward, rm_score/baseline_rm_score, `gate/*`, and
+            the champion's champion_reward/champion_rm_score, `champion_gate/*` and champion_version when it scored
+            one).
         comparison: Side-by-side HTML: candidate vs baseline vs champion, sample answers.
         name: Registered model name.
         parent_run_id: The pipeline's MLflow parent run (from open_lineage).

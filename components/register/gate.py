@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -18,13 +19,25 @@ def evaluation_samples(evaluation_uri: str, kfp_run_id: str) -> list[dict]:
     return read_jsonl(join_uri(default_job_root(evaluation_uri, kfp_run_id, "evaluate"), "samples.jsonl"))
 
 
+def evaluation_reasons(evaluation_uri: str, kfp_run_id: str) -> dict[str, str]:
+    """The gate's sentence per reference from the evaluation job's `gate.json` (empty when it has none)."""
+    from trainer.storage import get_storage
+
+    uri = join_uri(default_job_root(evaluation_uri, kfp_run_id, "evaluate"), "gate.json")
+    storage = get_storage(uri)
+    if not storage.exists(uri):
+        return {}
+    return {reference: decision["reason"] for reference, decision in json.loads(storage.read_bytes(uri)).items()}
+
+
 def run_gate(model: Any, evaluation: Any, comparison: Any, *, name: str, parent_run_id: str, kfp_run_id: str,
              pipeline: str) -> str:
     scores = {key: float(value) for key, value in (evaluation.metadata or {}).items()
               if isinstance(value, (int, float)) and not isinstance(value, bool)}
     registration = register_candidate(model_uri=model.uri, name=name, scores=scores,
                                       stage=str((model.metadata or {}).get("stage", "")),
-                                      parent_run_id=parent_run_id, kfp_run_id=kfp_run_id, pipeline=pipeline)
+                                      parent_run_id=parent_run_id, kfp_run_id=kfp_run_id, pipeline=pipeline,
+                                      reasons=evaluation_reasons(evaluation.uri, kfp_run_id))
     samples = evaluation_samples(evaluation.uri, kfp_run_id)
     with open(comparison.path, "w") as handle:
         handle.write(comparison_html(registration, samples, os.environ.get("MLFLOW_TRACKING_URI", "")))

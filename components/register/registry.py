@@ -6,13 +6,14 @@ directory an MLflow model in place, and the version's source is that directory (
 The version's run is the candidate stage's MLflow run (nested under the pipeline's parent run), so
 the registry, the stage run, the parent run and the KFP run point at each other.
 
-Champion comparison: the headline metric (`reward`, else `rm_score`, the evaluation's mean score on
-held-out prompts) against the champion's, scored live by the same evaluation job on the same
-prompts (`champion_<headline>`, for version `champion_version`; components/evaluate). Only when the
-alias moved to another version after the evaluation (a concurrent run registered one) does the gate
-fall back to that version's `metric.<headline>` tag, recorded at its registration, and the report
-says so (and whether the two were scored on the same held-out prompts: their
-`dataset.eval_prompts.sha256` tags).
+Champion comparison: the evaluation job scored the champion live beside the candidate, on the same
+prompts, and judged the candidate against it by the gate's own rule (`champion_gate/opens`: the lower
+confidence bound of the paired gain clears the minimum effect and no guard falls; for version
+`champion_version`; components/evaluate). Only when the alias moved to another version after the
+evaluation (a concurrent run registered one) does the gate fall back to comparing the headline mean
+(`rm_score` where a reward model was judged, else `reward`) with that version's `metric.<headline>` tag,
+recorded at its registration, and the report says so (and whether the two were scored on the same
+held-out prompts: their `dataset.eval_prompts.sha256` tags).
 
 The evaluation's metrics reach MLflow from the evaluate step itself (a nested `evaluate` run and
 `evaluation/*` on the parent run), whatever the gate decides; the version links to that run too.
@@ -61,7 +62,8 @@ class Registration:
 
 
 def headline_metric(scores: dict[str, float]) -> str:
-    return "reward" if "reward" in scores else "rm_score"
+    """The metric the gate judges: the reward model's score where there was one, else the checkable reward."""
+    return "rm_score" if "rm_score" in scores else "reward"
 
 
 def find_stage_run(client, experiment: str, parent_run_id: str, stage: str) -> str | None:
@@ -110,8 +112,13 @@ def _current_champion(client, name: str):
 
 
 def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], stage: str = "",
-                       parent_run_id: str = "", kfp_run_id: str = "", pipeline: str = "") -> Registration:
-    """Register the candidate model at `model_uri` as a new version of `name` and move the aliases."""
+                       parent_run_id: str = "", kfp_run_id: str = "", pipeline: str = "",
+                       reasons: dict[str, str] | None = None) -> Registration:
+    """Register the candidate model at `model_uri` as a new version of `name` and move the aliases.
+
+    `reasons` holds the gate's sentence per reference (`baseline`, `champion`), tagged on the version as
+    `alignflow.gate.<reference>`.
+    """
     from mlflow.exceptions import MlflowException
 
     client = tracking_client()
@@ -132,7 +139,8 @@ def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], s
     tags = {PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline, TASK_TAG: stage, "alignflow.parent_run_id":
             parent_run_id, "alignflow.headline_metric": headline, "alignflow.evaluation_run_id": evaluate_run,
             **{f"metric.{key}": repr(float(value)) for key, value in own.items()},
-            **{f"dataset.{key}.sha256": value for key, value in eval_hashes.items()}}
+            **{f"dataset.{key}.sha256": value for key, value in eval_hashes.items()},
+            **{f"alignflow.gate.{reference}": reason for reference, reason in (reasons or {}).items()}}
     tags = {key: value for key, value in tags.items() if value}
     champion = _current_champion(client, name)
     source = registry_source(model_uri.rstrip("/"))
@@ -152,7 +160,10 @@ def register_candidate(*, model_uri: str, name: str, scores: dict[str, float], s
         else:
             recorded, ours = champion.tags.get("dataset.eval_prompts.sha256"), tags.get("dataset.eval_prompts.sha256")
             registration.same_eval_prompts = (recorded == ours) if recorded and ours else None
-        registration.is_champion = previous is None or float(scores[headline]) > previous
+        if live and "champion_gate/opens" in scores:  # judged in this run's evaluation, prompt by prompt
+            registration.is_champion = scores["champion_gate/opens"] == 1.0
+        else:
+            registration.is_champion = previous is None or float(scores[headline]) > previous
         client.set_model_version_tag(name, version.version, "alignflow.compared_with",
                                      f"champion version {champion.version} "
                                      f"({'scored in this evaluation' if live else 'recorded score'})")

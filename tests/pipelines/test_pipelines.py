@@ -44,7 +44,9 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     assert inputs["max_new_tokens"].default == 256 and inputs["sft_lr"].default == 2e-5
     text = package.read_text()
     assert "tiny" not in text  # the tiny task is only a preset (alignflow run --preset tiny)
-    assert "beats-baseline" in text  # the registration gate
+    assert "gate-opens" in text  # the registration gate
+    assert "inputs.parameters['pipelinechannel--evaluate-model-Output'] == 'register'" in text
+    assert inputs["gate_confidence"].default == 0.95 and inputs["gate_min_effect"].default == 0.05
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
     assert "exit-handler" in text and "finish-run" in text  # jobs deleted, MLflow run closed, however it ends
     assert "open-lineage" in text and "parent_run_id" in text  # the MLflow parent run, passed to the stages

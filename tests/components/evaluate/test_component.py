@@ -73,17 +73,17 @@ def copy_model(source, target):
     return target
 
 
-def evaluate(run_dir, kfp_run_id: str, candidate, baseline, prompts, *, name: str = "", parent: str = ""):
+def evaluate(run_dir, kfp_run_id: str, candidate, baseline, prompts, *, name: str = "", parent: str = "", **gate):
     """Run the component's function as kfp.local would: outputs beside each other under the run's folder."""
     metrics = dsl.Metrics(uri=str(run_dir / "evaluate-model" / "metrics"))
     report = dsl.Markdown(uri=str(run_dir / "evaluate-model" / "report"))
     (run_dir / "evaluate-model").mkdir(parents=True)
-    improvement = evaluate_model.python_func(
+    decision = evaluate_model.python_func(
         model=dsl.Model(uri=str(candidate), metadata={"stage": "dpo"}), baseline=dsl.Model(uri=str(baseline)),
         prompts=dsl.Dataset(uri=str(prompts)), metrics=metrics, report=report, run_id=kfp_run_id,
         reward_function=REWARD, max_new_tokens=4, launcher_mode="local", gpus_per_node=0,
-        registered_model_name=name, parent_run_id=parent)
-    return improvement, metrics, open(report.path).read()
+        registered_model_name=name, parent_run_id=parent, **gate)
+    return decision, metrics, open(report.path).read()
 
 
 def some_prompts(task_files, tmp_path, count: int = 10):
@@ -108,15 +108,20 @@ def test_the_champion_is_scored_live_and_the_gate_follows_that_score(tmp_path, t
     parent = parent_run(tracking, "kfp-2")
     run_dir = tmp_path / "run-2"
     candidate = s3_model(sft_model)  # the candidate's files on S3 too: MLflow registers no local folder
-    improvement, metrics, report = evaluate(run_dir, "kfp-2", candidate, tiny_model, some_prompts(task_files, tmp_path),
-                                            name=name, parent=parent)
+    # All 20 held-out prompts, and a lenient gate (60% confidence, no minimum effect): SFT answers about a third of
+    # them right and the untrained model none, so the gate opens on both; this test is about whose scores it reads.
+    decision, metrics, report = evaluate(run_dir, "kfp-2", candidate, tiny_model,
+                                         some_prompts(task_files, tmp_path, count=20), name=name, parent=parent,
+                                         gate_confidence=0.6, gate_min_effect=0.0)
     scores = metrics.metadata
     assert scores["champion_version"] == 1.0
     # A fresh score of the champion's files in this job (the same files as the baseline: the same score), not
     # the 0.99 recorded at its registration.
     assert scores["champion_reward"] == scores["baseline_reward"] < scores["reward"]
-    assert improvement == scores["reward"] - scores["baseline_reward"]
+    assert decision == "register" and scores["gate/opens"] == scores["champion_gate/opens"] == 1.0
+    assert scores["gate/confidence"] == 0.6 and scores["gate/difference"] == pytest.approx(scores["improvement"])
     assert "champion (version 1)" in report and "| champion | score |" in report
+    assert "| baseline | reward | 20 |" in report and "| champion | reward | 20 |" in report
     # The gate registers version 2 and, on the live score, makes it the champion (the recorded 0.99 would not).
     comparison = dsl.HTML(uri=str(run_dir / "register-model" / "comparison"))
     (run_dir / "register-model").mkdir()
@@ -127,6 +132,9 @@ def test_the_champion_is_scored_live_and_the_gate_follows_that_score(tmp_path, t
     page = open(comparison.path).read()
     assert f"<td>{scores['champion_reward']:.4g}</td>" in page and "0.99" not in page
     assert "was scored by this run's evaluation" in page
+    version_tags = tracking.get_model_version(name, "2").tags
+    assert version_tags["alignflow.gate.champion"].startswith("opens against the champion: reward +")
+    assert float(version_tags["metric.gate/lower_bound"]) == pytest.approx(scores["gate/lower_bound"])
     evaluation_run = nested_evaluate_run(tracking, parent)
     assert tracking.get_model_version(name, "2").tags["alignflow.evaluation_run_id"] == evaluation_run.info.run_id
     assert evaluation_run.data.params["champion_version"] == "1"
@@ -137,18 +145,22 @@ def test_metrics_reach_mlflow_under_the_parent_run_when_the_gate_stays_closed(tm
                                                                             task_files):
     parent = parent_run(tracking, "kfp-closed")
     run_dir = tmp_path / "run"
-    # A candidate no better than its baseline (the same model): the pipeline's gate (improvement > 0) stays closed.
-    improvement, metrics, _ = evaluate(run_dir, "kfp-closed", copy_model(tiny_model, run_dir / "train" / "model"),
-                                       tiny_model, some_prompts(task_files, tmp_path),
-                                       name="alignflow-no-champion-yet", parent=parent)
-    assert improvement == 0 and "champion_version" not in metrics.metadata  # no champion: baseline only
+    # A candidate no better than its baseline (the same model): every prompt a tie, so the gate stays closed.
+    decision, metrics, report = evaluate(run_dir, "kfp-closed", copy_model(tiny_model, run_dir / "train" / "model"),
+                                         tiny_model, some_prompts(task_files, tmp_path),
+                                         name="alignflow-no-champion-yet", parent=parent)
+    assert decision == "refuse" and "champion_version" not in metrics.metadata  # no champion: baseline only
+    assert metrics.metadata["gate/lower_bound"] == metrics.metadata["gate/difference"] == 0.0
+    assert "- baseline: refused against the baseline: reward +0.000" in report
     run = nested_evaluate_run(tracking, parent)
     assert run.data.tags["alignflow.task"] == "evaluate" and run.data.tags["alignflow.pipeline_run_id"] == "kfp-closed"
     assert run.info.status == "FINISHED"
     assert run.data.metrics == {key: pytest.approx(value) for key, value in metrics.metadata.items()}
     assert {"reward", "baseline_reward", "improvement"} <= set(run.data.metrics)
-    parent_metrics = tracking.get_run(parent).data.metrics
-    assert parent_metrics["evaluation/improvement"] == pytest.approx(improvement)
+    lineage = tracking.get_run(parent)
+    assert lineage.data.metrics["evaluation/gate/opens"] == 0.0
+    assert lineage.data.tags["alignflow.gate.baseline"] == run.data.tags["alignflow.gate.baseline"]
+    assert lineage.data.tags["alignflow.gate.baseline"].startswith("refused against the baseline: reward")
 
 
 def test_a_champion_whose_files_are_gone_stops_the_evaluation_with_its_version_and_source(tmp_path, tracking,
