@@ -240,7 +240,8 @@ def write_results(output_dir: str, metrics: dict[str, float], samples: list[dict
                   decisions: list[GateDecision] = (), per_prompt: list[dict] = ()) -> None:
     """`final_metrics.json`, `samples.jsonl`, `gate.json` (each decision and its reason, by reference) and
     `per_prompt.jsonl` (every row's values per model)."""
-    gate = {d.reference: {"opens": d.opens, "reason": d.reason, "metrics": d.metrics()} for d in decisions}
+    gate = {d.reference: {"opens": d.opens, "reason": d.reason, "metric": d.primary.metric, "metrics": d.metrics()}
+            for d in decisions}
     files = {"final_metrics.json": json.dumps(metrics, indent=2),
              "samples.jsonl": "".join(json.dumps(row) + "\n" for row in samples),
              "gate.json": json.dumps(gate, indent=2),
