@@ -114,11 +114,27 @@ KEY_METRICS = ("eval_loss", "eval_accuracy", "eval_rewards_accuracies", "eval_re
                "reward", "baseline_reward", "rm_score", "baseline_rm_score", "improvement")
 
 
+def gate_cells(metrics: dict[str, float]) -> list[str]:
+    """The evaluation's gate decisions, e.g. `gate: +0.500 >= +0.312 at 95%: opens` (the paired gain over the
+    baseline, its lower confidence bound, the decision; then the same against the champion)."""
+    cells = []
+    for prefix, against in (("gate", ""), ("champion_gate", " vs champion")):
+        if f"{prefix}/lower_bound" in metrics:
+            verdict = "opens" if metrics[f"{prefix}/opens"] else "refused"
+            guards = [key.split("/")[2] for key, holds in metrics.items()
+                      if key.startswith(f"{prefix}/guard/") and key.endswith("/holds") and not holds]
+            cells.append(f"gate{against}: {metrics[f'{prefix}/difference']:+.3f} >= "
+                         f"{metrics[f'{prefix}/lower_bound']:+.3f} at {metrics[f'{prefix}/confidence']:.0%}: {verdict}"
+                         + (f" (guard {', '.join(guards)} fell)" if guards else ""))
+    return cells
+
+
 def format_summary(summary: dict[str, dict], elapsed: float) -> str:
     """One line per task under a header; each column as wide as its widest cell, so long task names
     (`train-reward-model`, `fingerprint-inputs`) and many metrics keep the columns aligned."""
     rows = [(task, f"{info['seconds']:.1f}s",
-             ", ".join(f"{k}={info['metrics'][k]:.3g}" for k in KEY_METRICS if k in info["metrics"]), info["model"])
+             ", ".join([f"{k}={info['metrics'][k]:.3g}" for k in KEY_METRICS if k in info["metrics"]]
+                       + gate_cells(info["metrics"])), info["model"])
             for task, info in summary.items()]
     header = ("task", "time", "key metrics", "model")
     widths = [max(len(row[column]) for row in [header, *rows]) for column in range(3)]
