@@ -10,7 +10,7 @@ DEMO_DIR ?= demo-output
 # is one process starting or waiting, and the tests' processes wait passively (tests/conftest.py). 0 runs in one.
 TEST_WORKERS ?= 2
 
-.PHONY: test demo benchmark venv clean images test-images local-bases lock test-colossalai test-vllm chaos
+.PHONY: test test-numerics demo benchmark venv clean images test-images local-bases lock test-colossalai test-vllm chaos
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ $(ACTIONLINT):
 test: venv $(ACTIONLINT)
 	$(PY) -m ruff check trainer components pipelines tests benchmarks
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The learning tests (marked `learning`: every pipeline's gate, the online stages' gains) again under another CPU's
+# rounding: ATen's scalar kernels and MKL without AVX, what a colleague's laptop or a CI runner computes differently
+# (docs/testing.md). `.ci/run` runs it after `make test` (about 8 minutes on 2 cores).
+NUMERICS_VARIANT ?= ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2
+test-numerics: venv
+	env $(NUMERICS_VARIANT) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "learning and not slow"
 
 # The three pipelines on the tiny task, through kfp.local and the local launcher (about 3 minutes): a line per
 # task as it starts and ends, then each run's summary; the executor logs go to $(DEMO_DIR)/logs/ (--verbose

@@ -25,6 +25,7 @@ def episode_metrics(directory) -> list[dict]:
     return [line for line in lines if "episode/reward_mean" in line]
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("stage", ["ppo", "grpo"])
 def test_online_stage_raises_checkable_reward(stage, tmp_path, rl_start_model, task_files):
     config = make_config(stage, tmp_path / stage, rl_start_model, task_files["prompts"], task_files["prompts"],

@@ -30,7 +30,8 @@ def served_reward_model(tmp_path_factory, rl_start_model, task_files):
     server.stop()
 
 
-@pytest.mark.timeout(1800)  # an rm stage, a server start and 30 GRPO episodes: 16 s on a quiet machine
+@pytest.mark.learning
+@pytest.mark.timeout(1800)  # an rm stage, a server start and 45 GRPO episodes: 22 s on a quiet machine
 def test_grpo_learns_from_checker_format_and_remote_reward_model(tmp_path, monkeypatch, served_reward_model,
                                                                  rl_start_model, task_files):
     monkeypatch.setenv("ALIGNFLOW_TEST_RM_TOKEN", TOKEN)
@@ -47,24 +48,26 @@ def test_grpo_learns_from_checker_format_and_remote_reward_model(tmp_path, monke
                          optimizer={"lr": 5e-4, "warmup_steps": 0, "scheduler": "constant"},
                          train={"micro_batch_size": 64}, generation={"max_new_tokens": 4, "temperature": 0.7},
                          reward={"sources": sources},
-                         grpo={"num_episodes": 30, "rollout_batch_size": 32, "num_generations": 8,
+                         grpo={"num_episodes": 45, "rollout_batch_size": 32, "num_generations": 8,
                                "mini_batch_size": 64})
     run_online_stage(config)
 
     lines = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "rewards/tiny_addition/mean" in line]
-    assert len(steps) == 30  # one per collect step
+    assert len(steps) == 45  # one per collect step
     for name in ("tiny_addition", "number", "rm"):
         assert all(f"rewards/{name}/mean" in s and f"rewards/{name}/std" in s for s in steps), name
     assert steps[-1]["rewards/rm/failed_rows"] == 0
     checker = [s["rewards/tiny_addition/mean"] for s in steps]
-    # The sums got better (the checker-only test gains 0.1 in 25 episodes; sharing the advantage with two more
-    # sources slows that: 0.16 -> 0.23 in 25 episodes here).
+    # The sums got better. Sharing the advantage with two more sources slows the checker's gain, and how much
+    # it gains in 30 episodes moved with the CPU's rounding (+0.00 to +0.16 over 2 seeds x 3 ATen kernel sets). In
+    # 45 it gained +0.09 to +0.32 over 3 seeds x 3 kernel sets, so +0.05 has margin
+    # (benchmarks/tiny_preset.md, "In-suite learning tests").
     assert sum(checker[-5:]) / 5 > sum(checker[:5]) / 5 + 0.05, checker
     # The episode's score is the weighted sum of the three components (one collect step per episode).
     episodes = [line["episode/reward_mean"] for line in lines if "episode/reward_mean" in line]
     expected = [s["rewards/tiny_addition/mean"] + 0.1 * s["rewards/number/mean"] + 0.02 * s["rewards/rm/mean"]
                 for s in steps]
     assert episodes == pytest.approx(expected, abs=1e-4)
-    assert served_reward_model.health()["requests"]["score"] - before == 30 * 4  # 256 rows in batches of 64
+    assert served_reward_model.health()["requests"]["score"] - before == 45 * 4  # 256 rows in batches of 64
     assert TOKEN not in (tmp_path / "grpo" / "metrics.jsonl").read_text()
