@@ -15,10 +15,21 @@ from trainer.storage import get_storage, join_uri
 
 
 def evaluation_config(params: dict[str, Any], champion: Champion | None = None) -> dict:
-    """The `python -m trainer evaluate` config from the component's inputs (and the champion to score too)."""
+    """The `python -m trainer evaluate` config from the component's inputs (and the champion to score too).
+
+    With an `environment`, the episodes run as the candidate's stage trained on them: its `environment`
+    section (turns, tools, token budget, ...) and its stop tokens, which the stage left in the model's metadata.
+    """
     reward_model = params.get("reward_model")
     if not params.get("reward_function") and reward_model is None:
         raise PipelineError("evaluate_model: give reward_function, reward_model or both")
+    trained = params["model"].metadata or {}
+    generation = {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0}
+    environment = None
+    if params.get("environment"):
+        environment = {**(trained.get("environment") or {}), "name": params["environment"]}
+        if trained.get("generation_stop"):
+            generation["stop"] = list(trained["generation_stop"])
     return {
         "model": {"path": params["model"].uri},
         "baseline_path": params["baseline"].uri,
@@ -26,9 +37,9 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
         "prompts_path": params["prompts"].uri,
         "reward": {"function": params.get("reward_function") or None,
                    "model_path": reward_model.uri if reward_model is not None else None},
-        "generation": {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0},
+        "generation": generation,
         "rollout": {"engine": params.get("rollout_engine") or "hf"},
-        "environment": {"name": params["environment"]} if params.get("environment") else None,
+        "environment": environment,
         "gate": {"confidence": params.get("gate_confidence", 0.95), "min_effect": params.get("gate_min_effect", 0.05),
                  "guard_tolerance": params.get("gate_guard_tolerance", 0.05)},
     }

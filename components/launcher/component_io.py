@@ -138,6 +138,9 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
         if isinstance(value, (int, float)):
             metrics.log_metric(key.replace("/", "_"), float(value))
     model.metadata["stage"] = stage
+    if "environment" in config:  # the evaluation runs episodes as this stage trained on them (components/evaluate)
+        model.metadata["environment"] = config["environment"]
+        model.metadata["generation_stop"] = config.get("generation", {}).get("stop", [])
     with open(report.path, "w") as handle:
         handle.write(stage_report(stage, config, final, job_root))
     if params.get("curves") is not None:  # the curves as a plot, beside the Markdown report

@@ -174,3 +174,21 @@ def test_a_champion_whose_files_are_gone_stops_the_evaluation_with_its_version_a
     with pytest.raises(PipelineError, match=f"{name} version 1 \\(alias champion\\): no model at its source "
                                             f"{champion_uri} "):
         evaluate(tmp_path / "run", "kfp-lost", tiny_model, tiny_model, task_files["eval_prompts"], name=name)
+
+
+def test_an_agent_is_evaluated_with_the_turns_tools_and_stop_tokens_its_stage_trained_with():
+    """The GRPO stage leaves its resolved `environment` section and stop tokens in its Model's metadata
+    (components/launcher/component_io.py); the evaluation's episodes run with them, not the defaults."""
+    from components.evaluate.job import evaluation_config
+
+    trained = {"stage": "grpo", "generation_stop": ["<|end|>"],
+               "environment": {"name": "tiny_calculator", "max_turns": 3, "max_total_tokens": 200,
+                               "tools": ["calculator"]}}
+    params = {"model": dsl.Model(uri="/m", metadata=trained), "baseline": dsl.Model(uri="/b"),
+              "prompts": dsl.Dataset(uri="/p"), "reward_function": "tiny_calculator", "max_new_tokens": 80,
+              "environment": "tiny_calculator"}
+    config = evaluation_config(params)
+    assert config["environment"] == trained["environment"]
+    assert config["generation"] == {"max_new_tokens": 80, "temperature": 0.0, "stop": ["<|end|>"]}
+    # Without an environment the stage's section is not used: one answer per prompt.
+    assert evaluation_config({**params, "environment": ""})["environment"] is None
