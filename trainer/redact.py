@@ -66,6 +66,13 @@ def redact_text(text: str) -> str:
                             _SECRET_PARAM.search(unquote(m.group(2))) else m.group(0), text)
 
 
+def mask_secrets(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every occurrence of each of `secrets` replaced by the mask (longest first, empty ones skipped)."""
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
 def redact_params(values: Mapping[str, Any]) -> dict[str, Any]:
     """Params (a config as a nested dict) without secret-looking keys and with every string redacted."""
     return {key: _redact_value(value) for key, value in values.items() if not SECRET_KEY.search(str(key))}
@@ -97,10 +104,7 @@ class SecretRedactingFilter(logging.Filter):
         self.secrets = tuple(sorted(secret_values() if secrets is None else secrets, key=len, reverse=True))
 
     def redact(self, text: str) -> str:
-        text = redact_text(text)
-        for secret in self.secrets:
-            text = text.replace(secret, MASK)
-        return text
+        return mask_secrets(redact_text(text), self.secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:

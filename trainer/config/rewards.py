@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import string
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,13 +37,42 @@ DEFAULT_RUBRIC = (
 )
 
 
+def check_service_url(url: str) -> str:
+    """`url` if a request can be sent to it; ValueError saying what is wrong otherwise.
+
+    Parsed in full here, so that a bad URL stops the run when the config loads rather than at the
+    first scoring, after the model has loaded.
+    """
+    bad = next((index for index, char in enumerate(url) if not " " < char < "\x7f"), None)
+    if bad is not None:
+        raise ValueError(f"a URL of printable ASCII without spaces; found {url[bad]!r} at character {bad + 1} "
+                         "(percent-encode it)")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:  # a port that is no number or out of range, unbalanced brackets
+        raise ValueError(f"a well-formed URL ({err})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("a URL with its scheme and host, like http://reward-server:8000/score "
+                         "(scheme http or https)")
+    if port == 0:
+        raise ValueError("a URL whose port is 1-65535")
+    if "@" in parts.netloc:
+        raise ValueError("a URL without user info (put credentials in token_env or token_file)")
+    return url
+
+
 class ServiceConfig(Section):
     url: str = Field(description="The service's URL with its scheme: the scoring route of a reward service "
                      "(`http://rm:8000/score`), or a judge's OpenAI-compatible base URL (`http://judge:8000/v1`).")
-    timeout_seconds: float = Field(30.0, gt=0, description="Seconds one HTTP request may take.")
-    max_retries: int = Field(3, ge=0, description="Retries of a request that failed to connect, timed out or got "
-                             "HTTP 429/5xx, after the first try.")
-    backoff_seconds: float = Field(0.5, ge=0, description="Wait before the first retry; doubled before each next one.")
+    timeout_seconds: float = Field(30.0, gt=0, allow_inf_nan=False, description="Seconds one HTTP request may take.")
+    max_retries: int = Field(8, ge=0, description="Retries of a request that could not connect, broke off, timed out "
+                             "or got HTTP 408/429/5xx, after the first try. With the default waits (0.5, 1, 2, 4, 8, "
+                             "10, 10, 10 s) a request rides out an outage of about 45 s, such as a reward pod restart.")
+    backoff_seconds: float = Field(0.5, ge=0, allow_inf_nan=False, description="Wait before the first retry; doubled "
+                                   "before each next one, up to max_backoff_seconds (plus up to 25% random jitter).")
+    max_backoff_seconds: float = Field(10.0, ge=0, allow_inf_nan=False, description="The longest wait between two "
+                                       "tries of a request.")
     max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
     batch_size: int = Field(32, ge=1, description="Rows per request to a reward service (a judge sends one row per "
                             "request).")
@@ -51,21 +81,29 @@ class ServiceConfig(Section):
     token_file: str | None = Field(None, description="File holding the bearer token (a Kubernetes Secret mounted as "
                                    "a volume); null: none. At most one of token_env and token_file.")
     on_failure: Literal["fail", "zero"] = Field(
-        "fail", description="When the service stays unreachable after the retries: `fail` the run, or score the "
-        "rows 0 and count them (`rewards/<name>/failed_rows`). A malformed answer always fails the run.")
+        "fail", description="When a request still fails after the retries (no connection, an answer cut short or "
+        "not HTTP, a timeout, HTTP 408/429/5xx): `fail` the run, or score the step's unanswered rows 0 and count "
+        "them (`rewards/<name>/failed_rows`). A malformed answer, another HTTP error, or a service that does not "
+        "answer when the stage starts always fails the run.")
 
     @field_validator("url")
     @classmethod
-    def _has_scheme(cls, url: str) -> str:
-        if not re.match(r"https?://[^/\s]+", url):
-            raise ValueError("a URL with its scheme and host, like http://reward-server:8000/score")
-        return url
+    def _full_url(cls, url: str) -> str:
+        return check_service_url(url)
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ServiceConfig:
         if self.token_env is not None and self.token_file is not None:
             raise ValueError("set at most one of token_env and token_file")
         return self
+
+    def retry_waits(self) -> list[float]:
+        """The waits before each retry, in seconds, without jitter: backoff doubled per retry, capped."""
+        waits, wait = [], self.backoff_seconds
+        for _ in range(self.max_retries):
+            waits.append(min(wait, self.max_backoff_seconds))
+            wait = min(wait * 2, self.max_backoff_seconds)
+        return waits
 
 
 class JudgeConfig(Section):
@@ -75,8 +113,10 @@ class JudgeConfig(Section):
     system_prompt: str | None = Field(None, description="An optional system message before the rubric.")
     score_pattern: str = Field(r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)", description="Regular expression whose "
                                "first group is the score; the last match in the reply counts.")
-    min_score: float = Field(0.0, description="The lowest score the rubric allows; it maps to reward 0.")
-    max_score: float = Field(10.0, description="The highest score the rubric allows; it maps to reward 1.")
+    min_score: float = Field(0.0, allow_inf_nan=False, description="The lowest score the rubric allows; it maps to "
+                             "reward 0.")
+    max_score: float = Field(10.0, allow_inf_nan=False, description="The highest score the rubric allows; it maps to "
+                             "reward 1.")
     max_tokens: int = Field(256, gt=0, description="The judge's reply length limit (`max_tokens`).")
     on_unparsed: Literal["fail", "zero"] = Field(
         "fail", description="A reply with no score in [min_score, max_score]: `fail` the run naming the row, or "
@@ -121,7 +161,8 @@ class RewardSourceSpec(Section):
                              "response's program passes the row's test cases in the sandbox, `sandbox`).")
     name: str | None = Field(None, description="kind function: the allowed function's name (as `reward.function`). "
                              "Other kinds: the label in metrics (`rewards/<name>/mean`); null uses the kind.")
-    weight: float = Field(1.0, description="The source's weight in the summed score; negative weights penalise.")
+    weight: float = Field(1.0, allow_inf_nan=False, description="The source's weight in the summed score, a finite "
+                          "number; negative weights penalise.")
     path: str | None = Field(None, description="kind model: the reward model directory (the `rm` stage's "
                              "`<output_dir>/model`).")
     pattern: str | None = Field(None, description="kind format: a regular expression the whole response must match "

@@ -12,7 +12,8 @@ and the reply's start (`on_unparsed: fail`), or the row scores 0 and is counted
 (`rewards/<name>/unparsed`; `on_unparsed: zero`). A parsed score s becomes the reward
 (s - min_score) / (max_score - min_score), in [0, 1]. A reply without `choices[0].message.content`
 is a malformed answer and always fails the run. An unreachable judge follows `service.on_failure`
-as a reward service does (`rewards/<name>/failed_rows`).
+as a reward service does (`rewards/<name>/failed_rows`, one warning per step), with the same failure
+rule (`trainer.rewards.service_client`): once one request has failed for good, the step's others stop.
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ class JudgeScorer:
         self.requests += len(bodies)
         replies = dict(zip(unique, self.client.post_all(self.client.options.url.rstrip("/") + "/chat/completions",
                                                         bodies)))
-        return [self._reward(replies[key], row, prompts) for row, key in enumerate(keys)]
+        rewards = [self._reward(replies[key], row, prompts) for row, key in enumerate(keys)]
+        failures = [reply for reply in replies.values() if isinstance(reply, ServiceUnavailable)]
+        if failures:  # only reached with on_failure zero: `_reward` raised otherwise
+            failed_rows = sum(isinstance(replies[key], ServiceUnavailable) for key in keys)
+            logger.warning("%s; scoring this step's %d unanswered rows 0 (on_failure zero)", failures[0], failed_rows)
+        return rewards
 
     def request(self, prompt: str, completion: str, answer: Any) -> dict[str, Any]:
         """The chat-completions body that asks the judge about one row."""
@@ -106,10 +112,11 @@ class JudgeScorer:
         where = f"judge {self.name} ({self.client.options.url}) on row {row} (prompt {prompts[row][:60]!r})"
         if isinstance(answer, ServiceUnavailable):
             if self.client.options.on_failure == "fail":
-                raise RewardError(f"{answer}; on_failure is fail, so the run stops") from answer
+                raise RewardError(f"{answer}; on_failure is fail, so the run stops") from None
             self.failed_rows += 1
             return 0.0
         text = reply_text(answer)
+        text = None if text is None else self.client.blank(text)  # the reply may quote the token back
         if text is None:
             raise RewardError(f"{where}: the answer has no choices[0].message.content, expected an OpenAI "
                               f"chat-completions answer")

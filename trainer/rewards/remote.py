@@ -11,8 +11,9 @@ when a token is configured), at most `service.batch_size` rows each, `max_concur
 
 one finite number per row, in order. A wrong count, a NaN or infinity, or anything but a number
 fails the run with one `RewardError` naming the service and the step's row. A service that stays
-unreachable through the retries fails the run (`on_failure: fail`) or scores those rows 0
-(`on_failure: zero`), counted in `rewards/<name>/failed_rows`.
+unreachable through the retries (`trainer.rewards.service_client` has the failure rule) fails the
+run (`on_failure: fail`) or scores the step's unanswered rows 0 with one warning (`on_failure: zero`),
+counted in `rewards/<name>/failed_rows`.
 """
 
 from __future__ import annotations
@@ -65,16 +66,22 @@ class RemoteScorer:
                    "answers": [None if a is None else str(a) for a in answers[s:s + options.batch_size]]}
                   for s in starts]
         scores: list[float] = []
+        failure, failed_rows = None, 0
         for start, body, answer in zip(starts, bodies, self.client.post_all(options.url, bodies)):
             rows = len(body["prompts"])
             if isinstance(answer, ServiceUnavailable):
                 if options.on_failure == "fail":
-                    raise RewardError(f"{answer}; on_failure is fail, so the run stops") from answer
-                logger.warning("%s; scoring its %d rows 0 (on_failure zero)", answer, rows)
-                self.failed_rows += rows
+                    raise RewardError(f"{answer}; on_failure is fail, so the run stops") from None
+                failure, failed_rows = answer, failed_rows + rows
                 scores.extend([0.0] * rows)
                 continue
-            scores.extend(self._check(answer, start, rows, prompts))
+            try:
+                scores.extend(self._check(answer, start, rows, prompts))
+            except RewardError as err:  # the answer may quote the token back
+                raise RewardError(self.client.blank(str(err))) from None
+        if failure is not None:
+            logger.warning("%s; scoring this step's %d unanswered rows 0 (on_failure zero)", failure, failed_rows)
+            self.failed_rows += failed_rows
         return scores
 
     def counters(self) -> dict[str, float]:

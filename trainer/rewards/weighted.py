@@ -94,6 +94,7 @@ def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, de
         from trainer.rewards.service_client import ServiceClient
 
         client = ServiceClient(spec.label, spec.service, f"{key}.service")
+        client.check_reachable()  # a wrong host or port stops the run now, not at the first scoring
         if spec.kind == "remote":
             from trainer.rewards.remote import RemoteScorer
 
@@ -112,7 +113,8 @@ def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, de
 
 
 def build_weighted_scorer(config: OnlineStageConfig, device: torch.device, plugin: Plugin | None = None) -> WeightedScorer:
-    """Every source of `config.reward`, built (functions resolved, models loaded, tokens read) before any training."""
+    """Every source of `config.reward`, built (functions resolved, models loaded, tokens read, services asked once
+    whether they answer) before any training; callers build it before loading the policy."""
     specs = config.reward.resolved_sources()
     return WeightedScorer([WeightedSource(spec.label, spec.weight, build_source(spec, source_key(config, i), config,
                                                                                   device, plugin))
