@@ -15,9 +15,17 @@ if TYPE_CHECKING:
 
 def build_agent_rollout(config: EnvironmentConfig | None, tokenizer: Any) -> AgentRollout | None:
     """The multi-turn rollout of `config` (resolved against the allow-list now, so a refused name fails at
-    start-up), or None without an `environment` section."""
+    start-up), or None without an `environment` section. Its code tools run in `config.sandbox`, which a
+    canary program proves first.
+
+    Raises:
+        ConfigError: A tool is refused or needs what is missing, or the sandbox cannot start or hold here.
+    """
     if config is None:
         return None
     from trainer.agents.rollout import AgentRollout
+    from trainer.agents.tools import bind_code_tools
 
-    return AgentRollout(config, tokenizer)
+    rollout = AgentRollout(config, tokenizer)
+    rollout.toolbox.tools = bind_code_tools(rollout.toolbox.tools, config.sandbox)
+    return rollout

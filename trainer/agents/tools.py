@@ -8,7 +8,8 @@ exception, the deadline) into an error text for the model, and cuts long output 
 Nothing a tool does crashes the run. A hung Python call cannot be killed from Python: its thread is
 abandoned (and the run's process ends it); code that may hang belongs in the sandbox (`python`).
 
-The built-in `python` tool runs the model's code in `trainer.agents.sandbox` (docs/sandbox.md).
+The built-in `python` tool runs the model's code in `trainer.agents.sandbox` (docs/sandbox.md): the sandbox
+`environment.sandbox` names, once `bind_code_tools` has proved it with a canary program at start-up.
 """
 
 from __future__ import annotations
@@ -170,20 +171,29 @@ def check_requirements(tool: Tool) -> None:
 
 # -- the built-in code tool -------------------------------------------------------------------------
 
-SANDBOX_LIMITS = {"wall_seconds": 10.0, "cpu_seconds": 5.0, "memory_bytes": 512 * 2**20, "max_processes": 16,
-                  "max_output_bytes": 64 * 2**10}
-
 
 def python(code: str) -> str:
     """Run Python code in a sandbox (no network, no credentials, a scratch folder) and return its output."""
-    from trainer.agents.sandbox import SandboxLimits, run_python  # the sandbox package: docs/sandbox.md
+    from trainer.agents.sandbox import build_sandbox  # the sandbox package: docs/sandbox.md
+    from trainer.config.environment import default_tool_sandbox
 
-    result = run_python(code, limits=SandboxLimits(**SANDBOX_LIMITS))
+    config = default_tool_sandbox()  # unbound (called outside an environment): the local sandbox, tool limits
+    return describe_run(build_sandbox(config).run_python(code, limits=config.limits), config.limits.wall_seconds)
+
+
+python.alignflow_requires = "trainer.agents.sandbox"
+python.alignflow_runs_code = True  # `bind_code_tools` points it at `environment.sandbox`
+
+
+def describe_run(result: Any, wall_seconds: float) -> str:
+    """A sandbox result as the model reads it: stdout, then stderr and how the run ended, where notable."""
     parts = [result.stdout]
     if result.stderr:
         parts.append(f"[stderr]\n{result.stderr}")
     if result.timed_out:
-        parts.append(f"[timed out after {SANDBOX_LIMITS['wall_seconds']:g} s]")
+        parts.append(f"[timed out after {wall_seconds:g} s]")
+    elif result.memory_exceeded:
+        parts.append("[stopped: memory limit]")
     elif result.exit_code not in (0, None):
         parts.append(f"[exit code {result.exit_code}]")
     if result.truncated:
@@ -191,4 +201,31 @@ def python(code: str) -> str:
     return "\n".join(part for part in parts if part)
 
 
-python.alignflow_requires = "trainer.agents.sandbox"
+def bind_code_tools(tools: Mapping[str, Tool], config: Any) -> dict[str, Tool]:
+    """`tools` with each tool that runs code (`alignflow_runs_code`) running it in the sandbox `config` names.
+
+    The sandbox is built once and proved with its canary program (`Sandbox.check`) first, so a run whose code
+    tool could not run code stops here, naming what is missing, instead of answering every call with an error.
+
+    Args:
+        tools: The environment's tools, by name.
+        config: The `environment.sandbox` section (`SandboxConfig`).
+
+    Raises:
+        ConfigError: The sandbox cannot start or does not hold here (`environment.sandbox: ...`).
+    """
+    if not any(getattr(tool.function, "alignflow_runs_code", False) for tool in tools.values()):
+        return dict(tools)
+    from trainer.agents.sandbox import SandboxError, build_sandbox
+
+    try:
+        sandbox = build_sandbox(config)
+        sandbox.check(config.limits)
+    except SandboxError as err:
+        raise ConfigError(f"environment.sandbox: {err}") from None
+
+    def run_code(code: str) -> str:
+        return describe_run(sandbox.run_python(code, limits=config.limits), config.limits.wall_seconds)
+
+    return {name: Tool(tool.name, run_code, tool.description, tool.parameters)
+            if getattr(tool.function, "alignflow_runs_code", False) else tool for name, tool in tools.items()}

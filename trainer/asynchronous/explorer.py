@@ -72,14 +72,15 @@ class Explorer:
         self.options = config.asynchronous
         self.device = pick_device(read_distributed_env())
         self.tokenizer = load_tokenizer(config.model.path)
-        # Built first: its services are asked once whether they answer, before the policy loads.
+        # Built first: reward services are asked once whether they answer, and a code tool's sandbox runs its
+        # canary, before the policy loads.
         self.scorer = build_weighted_scorer(config, self.device)
+        self.agent = build_agent_rollout(config.environment, self.tokenizer)  # multi-turn episodes, when set
         self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
         self.config = config = resolve_engine(config, self.policy, self.device)  # `auto`, now the policy is known
         self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
-        self.agent = build_agent_rollout(config.environment, self.tokenizer)  # multi-turn episodes, when set
         self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
                                         config.data.skip_bad_rows).examples
         self.prompts = PromptStream(self.rows, 1, 0, config.train.seed)

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
 
+from pydantic import Field, field_validator
+
+from trainer.config.sandbox import SandboxConfig, SandboxLimits
 from trainer.config.sections import Section
+
+# The code tool's limits unless `environment.sandbox.limits` says otherwise: a short calculation per call.
+TOOL_SANDBOX_LIMITS = SandboxLimits(wall_seconds=10.0, cpu_seconds=5, memory_bytes=512 << 20, max_processes=16,
+                                    max_output_bytes=64 << 10)
+
+
+def default_tool_sandbox() -> SandboxConfig:
+    """The local sandbox with `TOOL_SANDBOX_LIMITS`."""
+    return SandboxConfig(limits=TOOL_SANDBOX_LIMITS)
 
 
 class EnvironmentConfig(Section):
@@ -35,6 +47,21 @@ class EnvironmentConfig(Section):
         2000, gt=0, description="A tool result longer than this is cut to it, followed by a marker saying how many "
         "characters were dropped.",
     )
+    sandbox: SandboxConfig = Field(
+        default_factory=default_tool_sandbox, description="Where the tools that run code (the built-in `python`) "
+        "run it, and with which limits: `backend` `local` (this pod; Linux 6.12+) or `remote` (the chart's sandbox "
+        "service at `url`, its token in the variable `token_env`). A limit left out is the tool's default: 10 s "
+        "wall, 5 s CPU, 512 MiB, 16 processes, 64 KiB of output. The sandbox is proved with a canary program when "
+        "the environment is built, so a run whose tools cannot run code stops there (docs/sandbox.md).",
+    )
     max_concurrent_episodes: int = Field(
         8, gt=0, description="Episodes whose environment steps (and tool calls) run at once, on a thread pool.",
     )
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _tool_limits_by_default(cls, value: Any) -> Any:
+        """Limits a `sandbox` mapping leaves out are the tool's (`TOOL_SANDBOX_LIMITS`), not a reward's."""
+        if isinstance(value, dict) and isinstance(value.get("limits", {}), dict):
+            return {**value, "limits": {**TOOL_SANDBOX_LIMITS.model_dump(), **value.get("limits", {})}}
+        return value

@@ -183,10 +183,12 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     per_row: dict[str, dict[str, list[float]]] = {}  # model prefix -> value name -> one value per row
     paths = {"": config.model.path, "baseline_": config.baseline_path, "champion_": config.champion_path}
     models = {prefix: path for prefix, path in paths.items() if path}
+    tokenizers = {prefix: load_tokenizer(path) for prefix, path in models.items()}
+    # Before any model loads: an environment's code tool proves its sandbox with a canary program here.
+    agents = {prefix: build_agent_rollout(config.environment, tokenizers[prefix]) for prefix in models}
     for prefix, path in models.items():
-        tokenizer = load_tokenizer(path)
+        tokenizer, agent = tokenizers[prefix], agents[prefix]
         engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
-        agent = build_agent_rollout(config.environment, tokenizer)
         try:
             values, rollouts = score_rows(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
                                           env.world_size, config.batch_size, agent=agent)

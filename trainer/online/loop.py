@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -61,6 +61,9 @@ from trainer.runtime import all_reduce_sum
 from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 
+if TYPE_CHECKING:
+    from trainer.agents.rollout import AgentRollout
+
 logger = logging.getLogger(__name__)
 
 
@@ -83,6 +86,8 @@ class PPOTrainer(OLTrainer):
         stop_after_episodes: Save and stop after this episode count (a simulated preemption).
         engine: Samples the responses; default the stage's `rollout.engine` on the actor (`auto` chosen here,
             `engine_choice`).
+        agent: Runs multi-turn episodes of `config.environment`; default built here (the stage builds it before
+            its models load, so a code tool's sandbox canary fails first).
 
     With `sample_buffer` set, `fit` skips `_setup_update_phase_dataload` and each update step trains
     on one minibatch sampled (without replacement within the step) from the episode's experience.
@@ -93,7 +98,7 @@ class PPOTrainer(OLTrainer):
                  actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module | None, scorer: Any,
                  tokenizer: Any, config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager,
                  tracker: Tracker, ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None,
-                 engine: RolloutEngine | None = None) -> None:
+                 engine: RolloutEngine | None = None, agent: AgentRollout | None = None) -> None:
         super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
         if config.rollout.engine == "auto":  # chosen before anything reads it (the rollout correction's default)
             config = resolve_engine(config, actor[0], actor_booster.plugin.device)
@@ -117,7 +122,8 @@ class PPOTrainer(OLTrainer):
         self.kl_controller = build_kl_controller(config)
         self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
                                                                              engine_setup(config))
-        self.agent = build_agent_rollout(config.environment, tokenizer)  # None: one response per prompt
+        # None: one response per prompt. The stage builds it before the models load (a code tool's canary).
+        self.agent = agent if agent is not None else build_agent_rollout(config.environment, tokenizer)
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}

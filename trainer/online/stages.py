@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.kl_control import needs_reference
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
@@ -86,6 +87,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     # rollout_batch_size rows once per collect step, so the calls line up across ranks.
     plugin = context.plugin
     scorer = build_weighted_scorer(config, plugin.device, plugin=plugin)
+    agent = build_agent_rollout(config.environment, context.tokenizer)  # a code tool's sandbox proves itself here
     reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) if needs_reference(config) else None
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model, plugin=plugin)
@@ -101,7 +103,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     return trainer_class(config)(
         context.booster, critic_booster, ReplayBuffer(), actor=actor, critic=critic, ref_model=reference,
         scorer=scorer, tokenizer=context.tokenizer, config=config, prompts=prompts, checkpoints=checkpoints,
-        tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes)
+        tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes, agent=agent)
 
 
 def load_ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dict]:

@@ -5,6 +5,7 @@ import time
 import pytest
 
 from tests.trainer.agents.environments import hang
+from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.agents.tools import CUT_MARKER, Tool, ToolBox, argument_problem, as_tool, check_requirements
 from trainer.errors import ConfigError
 from trainer.tiny.agent_task import calculator
@@ -87,7 +88,7 @@ def test_a_tool_needing_a_missing_package_fails_at_start_up():
 
 
 def test_code_tool_runs_in_the_sandbox():
-    pytest.importorskip("trainer.agents.sandbox", reason="the sandbox package (h30-sandbox) is not merged yet")
+    skip_without_the_local_sandbox()
     from trainer.agents.tools import python
 
     box = ToolBox([as_tool(python, "python")], timeout_seconds=30)

@@ -9,6 +9,7 @@ import torch
 
 from tests.conftest import make_config
 from tests.trainer.agents.sandbox.conftest import TOKEN
+from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.errors import RewardError
 from trainer.rewards.code_tests import program_of
 from trainer.rewards.weighted import build_weighted_scorer, reward_metrics
@@ -27,6 +28,7 @@ BATCH = {"input_ids": torch.zeros(6, 4, dtype=torch.long)}
 
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory, tiny_model, task_files):
+    skip_without_the_local_sandbox()  # an older kernel cannot hold it: skipped, naming the kernel it needs
     sandbox = {"backend": "local", "limits": {"wall_seconds": 2, "cpu_seconds": 2}}
     config = make_config("grpo", tmp_path_factory.mktemp("code"), tiny_model, task_files["prompts"],
                          reward={"sources": [{"kind": "code_tests", "name": "tests", "sandbox": sandbox}]})

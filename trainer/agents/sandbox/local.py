@@ -139,14 +139,50 @@ def _supervise(scratch: str, request: dict, timeout: float) -> dict:
 
 
 def _remove_scratch(scratch: str) -> None:
-    """Delete the scratch folder, even where the program took away its own permissions."""
-    for root, folders, _ in os.walk(scratch):
-        for folder in folders:
-            try:
-                os.chmod(os.path.join(root, folder), 0o700)
-            except OSError:
-                pass  # not ours to fix (root ran the program as nobody); rmtree reports nothing either way
+    """Delete the scratch folder, even where the program took away its own permissions, never following a link.
+
+    The program's entries are its own to shape: a symlink to `/usr` named like a folder must not make a
+    root trainer chmod `/usr`. So each folder is opened by descriptor relative to its parent, with
+    O_NOFOLLOW (a link is never entered), its mode restored through that descriptor, and `shutil.rmtree`
+    (which unlinks links and works by descriptor) removes the rest.
+    """
+    try:
+        top = os.open(scratch, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # already gone
+    try:
+        _open_up_folder(top)
+    finally:
+        os.close(top)
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _open_up_folder(folder: int, depth: int = 0) -> None:
+    """Make the folder open at `folder` (an O_PATH descriptor), and every real folder beneath it, 0700."""
+    try:
+        os.chmod(f"/proc/self/fd/{folder}", 0o700)  # the descriptor's own inode: no path is looked up again
+    except OSError:
+        pass  # not ours to fix (root ran the program as nobody, or a foreign mount); rmtree then skips it
+    if depth > 128:
+        return  # deeper than a path can name: rmtree reports nothing either way
+    try:
+        readable = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return
+    try:
+        with os.scandir(readable) as entries:
+            names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+        for name in names:
+            try:
+                child = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            except OSError:
+                continue  # replaced meanwhile, or a link: never entered
+            try:
+                _open_up_folder(child, depth + 1)
+            finally:
+                os.close(child)
+    finally:
+        os.close(readable)
 
 
 CANARY = """
@@ -164,6 +200,8 @@ attempt("a write outside the scratch folder", lambda: open(os.path.join(os.path.
         "alignflow-sandbox-canary-" + str(os.getpid())), "x"))
 attempt("a signal to the supervisor", lambda: os.kill(os.getppid(), 0))
 attempt("a read of /proc", lambda: os.listdir("/proc"))
+attempt("a change of mode", lambda: os.chmod(os.getcwd(), 0o700))
+attempt("a memfd", lambda: os.memfd_create("canary"))
 print(json.dumps(escaped))
 """
 

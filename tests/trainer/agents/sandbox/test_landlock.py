@@ -9,17 +9,13 @@ import socket
 import pytest
 
 from tests.trainer.agents.sandbox.forked import error_name, in_child
+from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.agents.sandbox import _landlock
 
 
 @pytest.fixture(autouse=True)
 def needs_landlock():
-    try:
-        abi = _landlock.abi_version()
-    except _landlock.LandlockError as err:
-        pytest.skip(str(err))
-    if abi < _landlock.minimum_abi:
-        pytest.skip(f"Landlock ABI {abi} < {_landlock.minimum_abi}")
+    skip_without_the_local_sandbox()
 
 
 def test_reads_writes_and_tcp_outside_the_rules_are_refused(tmp_path):

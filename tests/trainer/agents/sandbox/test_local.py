@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.trainer.agents.sandbox.conftest import SECRET, SERVICE_ACCOUNT_TOKEN
+from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.agents.sandbox import SandboxLimits, SandboxUnavailableError, check_sandbox, run_python
 from trainer.agents.sandbox.local import ENVIRONMENT_PASSED, sandbox_environment
 
@@ -254,6 +255,7 @@ def test_as_root_the_program_runs_as_nobody(tmp_path):
     """Root's trainer: the program runs as uid 65534 with a Python that uid can reach (this one, or python3)."""
     if os.geteuid() != 0:
         pytest.skip("only a root trainer drops the program to uid 65534")
+    skip_without_the_local_sandbox()
     try:
         check_sandbox()
     except SandboxUnavailableError as err:
