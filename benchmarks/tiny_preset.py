@@ -4,6 +4,7 @@
     python benchmarks/tiny_preset.py --pipelines rlhf-ppo --set ppo_kl_coef=0.1 --set ppo_episodes=80
     python benchmarks/tiny_preset.py --pipelines rlhf-dpo --set 'dpo_settings={"dpo.rpo_alpha": null}'
     python benchmarks/tiny_preset.py --preset tiny-reward-hacking --pipelines rlhf-ppo
+    python benchmarks/tiny_preset.py --preset tiny tiny-reward-hacking --pipelines rlhf-ppo --variants native avx2
 
 Each pipeline runs as its stages would run in `alignflow run --preset ...`: the same component
 defaults, the same parameter-to-config mapping (`components.launcher.component_io.stage_config`)
@@ -15,8 +16,21 @@ The SFT and reward models of a seed are trained once per root and parameters and
 a fresh `--root` after changing the trainer. `benchmarks/tiny_preset.md` is the log of the tuning.
 
 Prints one JSON line per pipeline and seed, then the mean and range of the improvement per pipeline.
+Each row also carries the registration gate's paired comparison of the candidate with the SFT baseline on the
+held-out prompts (`trainer.online.paired_gate.compare_paired` at 95%): `acc_lower_bound` (accuracy, exact) and,
+with a reward model (rlhf-ppo), `rm_lower_bound` (its score, bootstrap). The gate opens (`gate_opens`) when the
+primary metric's lower bound is at least MIN_EFFECT and, for rlhf-ppo, whose primary metric is the reward model's
+score, when the accuracy guard holds too (its lower bound at least -GUARD_TOLERANCE). This recomputes the
+evaluation's own decision (kept as `reported`: its `gate/*` numbers) from its `per_prompt.jsonl`, without the
+guards the tables need not (response length; for rlhf-agent, valid tool calls).
+
+`--variants` reruns everything under other CPU numerics, each variant in a subprocess with its own environment
+and its own `--root` subfolder (VARIANTS: the ISA torch's kernels dispatch to, MKL's and oneDNN's instruction
+sets, 1 or 2 threads), and prints a seeds x variants table per preset and pipeline. A preset that is robust to
+these is one that behaves the same on a CI runner or a laptop (/work/shared/DESIGN.md: "Other machines'
+rounding").
 At seed 42 (the pipelines' default `train.seed`) its numbers equal those of `alignflow run`.
-Not measured: anything the real pipeline adds (caching, the registration gate itself, tracking).
+Not measured: anything the real pipeline adds (caching, registering the model, tracking).
 """
 
 from __future__ import annotations
@@ -53,6 +67,18 @@ STAGES = {"rlhf-dpo": ("dpo",), "rlhf-ppo": ("rm", "ppo"), "rlhf-grpo": ("grpo",
 # The datasets a stage trains and evaluates on (pipeline parameters), as the pipelines wire them.
 STAGE_DATA = {"kto": ("unpaired_train_uri", "unpaired_eval_uri"), "ppo": ("prompts_uri", "eval_prompts_uri"),
               "grpo": ("prompts_uri", "eval_prompts_uri")}
+# The registration gate (issue 44): paired, one-sided lower bounds at CONFIDENCE on the candidate's gain over SFT.
+CONFIDENCE, MIN_EFFECT, GUARD_TOLERANCE = 0.95, 0.05, 0.05
+# Numerics variants: the environment of each subprocess and its thread count. `native` dispatches to this CPU's
+# best kernels (AVX-512 here); ATEN_CPU_CAPABILITY picks ATen's vectorised kernels, MKL_ENABLE_INSTRUCTIONS MKL's
+# (its matmuls) and ONEDNN_MAX_CPU_ISA oneDNN's (v3.12 in torch 2.13; DNNL_MAX_CPU_ISA is its older name).
+VARIANTS = {
+    "native": ({}, 1),
+    "threads2": ({}, 2),
+    "avx2": ({"ATEN_CPU_CAPABILITY": "avx2"}, 1),
+    "default": ({"ATEN_CPU_CAPABILITY": "default"}, 1),
+    "sse42": ({"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, 1),
+}
 
 
 def component_defaults(stage: str) -> dict[str, Any]:
@@ -98,7 +124,9 @@ def train(stage: str, config: dict) -> dict[str, float]:
 
 
 def evaluate(candidate: str, baseline: str, prompts: str, arguments: dict[str, Any], output_dir: Path,
-             reward_model: str | None) -> dict[str, float]:
+             reward_model: str | None) -> tuple[dict[str, float], list[list[list[float]]]]:
+    """`run_evaluation`'s metrics, and per model (candidate, then baseline) the checkable reward's per-prompt scores
+    and, with a reward model, its scores."""
     from trainer.config import EvaluateConfig
     from trainer.online.evaluate import run_evaluation
 
@@ -109,7 +137,32 @@ def evaluate(candidate: str, baseline: str, prompts: str, arguments: dict[str, A
         # Multi-turn episodes in the environment the agent stage trained in, as the evaluate component runs them.
         "environment": {"name": arguments["environment"]} if arguments.get("environment") else None,
         "generation": {"max_new_tokens": arguments["max_new_tokens"], "temperature": 0.0}})
-    return run_evaluation(config)
+    metrics = run_evaluation(config)
+    # Each model's per-prompt scores, as the evaluation wrote them for its own gate.
+    records = [json.loads(line) for line in (output_dir / "per_prompt.jsonl").read_text().splitlines() if line]
+    names = [name for name in ("reward", "rm_score") if name in records[0]["candidate"]]
+    return metrics, [[[r[model][name] for r in records] for name in names] for model in ("candidate", "baseline")]
+
+
+def gate(per_model: list[list[list[float]]]) -> dict[str, Any]:
+    """The paired comparisons of the candidate (first model) with the baseline (second), as the gate makes them.
+
+    The accuracy (first scorer) is the primary metric, or, with a reward model (second scorer), a guard that must
+    not fall, the reward model's score being the primary one."""
+    from trainer.online.paired_gate import compare_paired
+
+    candidate, baseline = per_model[0], per_model[1]
+    accuracy = compare_paired(candidate[0], baseline[0], confidence=CONFIDENCE, metric="reward")
+    out = {"n": accuracy.n, "acc_wins": accuracy.wins, "acc_losses": accuracy.losses,
+           "acc_lower_bound": round(accuracy.lower_bound, 4)}
+    if len(candidate) > 1:  # a reward model scored the answers too
+        score = compare_paired(candidate[1], baseline[1], confidence=CONFIDENCE, metric="rm_score")
+        out |= {"rm_lower_bound": round(score.lower_bound, 4),
+                "guard_holds": accuracy.lower_bound >= -GUARD_TOLERANCE,
+                "gate_opens": score.lower_bound >= MIN_EFFECT and accuracy.lower_bound >= -GUARD_TOLERANCE}
+    else:
+        out["gate_opens"] = accuracy.lower_bound >= MIN_EFFECT
+    return out
 
 
 def parameters_key(arguments: dict[str, Any], stage: str) -> str:
@@ -146,12 +199,16 @@ def run_pipeline(pipeline: str, arguments: dict[str, Any], seed: int, root: Path
             stage_metrics[stage] = json.loads((output_dir / "final_metrics.json").read_text())
         else:
             candidate = str(output_dir / "model")
-    scores = evaluate(candidate, sft_model, arguments["eval_prompts_uri"], arguments, run_dir / "evaluate",
-                      reward_model)
+    scores, per_model = evaluate(candidate, sft_model, arguments["eval_prompts_uri"], arguments, run_dir / "evaluate",
+                                 reward_model)
+    # What run_evaluation reports itself (the gate's own keys, where this tree's evaluation has them).
+    reported = {k: (bool(v) if k.endswith(("/opens", "/holds")) else round(v, 4)) for k, v in scores.items()
+                if k.startswith("gate/")}
     keep = ("eval/accuracy", "eval/rewards/accuracies", "eval/reward_before", "eval/reward", "rewards/accuracies",
             "episode/kl_to_ref")
     return {"pipeline": pipeline, "seed": seed, "seconds": round(time.monotonic() - started, 1),
-            **{k: round(v, 4) for k, v in scores.items()},
+            **{k: round(v, 4) for k, v in scores.items() if not k.startswith(("gate/", "champion_gate/"))},
+            **gate(per_model), **({"reported": reported} if reported else {}),
             "stages": {s: {k: round(v, 4) for k, v in m.items() if k in keep} for s, m in stage_metrics.items()}}
 
 
@@ -167,22 +224,103 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def child_arguments(argv: list[str]) -> list[str]:
+    """This command's arguments without `--variants`, `--root` and `--num-threads` (and their values), which
+    `run_variants` sets per variant."""
+    kept, skipping = [], False
+    for token in argv:
+        if token.startswith("--"):
+            skipping = token.split("=")[0] in ("--variants", "--root", "--num-threads")
+        if not skipping:
+            kept.append(token)
+    return kept
+
+
+def run_variants(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
+    """Rerun this command (without `--variants`) once per variant, each in a subprocess with the variant's
+    environment, `--num-threads` and `--root` subfolder; returns every row, tagged with its variant."""
+    import os
+    import subprocess
+
+    child_argv = child_arguments(argv)
+    rows = []
+    for variant in args.variants:
+        env_updates, threads = VARIANTS[variant]
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **env_updates,
+               "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        command = [sys.executable, __file__, *child_argv, "--root", str(args.root / variant),
+                   "--num-threads", str(threads)]
+        print(f"# variant {variant}: {' '.join(f'{k}={v}' for k, v in env_updates.items()) or 'native'}, "
+              f"{threads} thread(s)", flush=True)
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as child:
+            for line in child.stdout:
+                if line.startswith("{"):
+                    row = {"variant": variant, **json.loads(line)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        if child.returncode:
+            print(f"# variant {variant}: exited with {child.returncode}", flush=True)
+    return rows
+
+
+def cell(row: dict[str, Any]) -> str:
+    """One table cell: accuracy SFT -> candidate with the gate's lower bound(s), and whether it opens."""
+    text = f"{row['baseline_reward']:.2f} -> {row['reward']:.2f} ({row['acc_lower_bound']:+.2f}"
+    if "rm_lower_bound" in row:
+        text += (f"; rm {row['baseline_rm_score']:.2f} -> {row['rm_score']:.2f} ({row['rm_lower_bound']:+.2f})")
+    return text + (") opens" if row["gate_opens"] else ") refused")
+
+
+def print_tables(rows: list[dict[str, Any]], variants: list[str], seeds: list[int]) -> None:
+    """Per preset and pipeline a seeds x variants table (markdown), then how often the gate opened."""
+    groups: dict[tuple[str, str], dict[tuple[int, str], dict]] = {}
+    for row in rows:
+        groups.setdefault((row["preset"], row["pipeline"]), {})[(row["seed"], row["variant"])] = row
+    for (preset, pipeline), cells in groups.items():
+        n = next(iter(cells.values()))["n"]
+        print(f"\n{preset} {pipeline}: held-out accuracy SFT -> candidate (the accuracy's lower bound"
+              f"{'; the reward model score and its lower bound' if pipeline == 'rlhf-ppo' else ''}), n = {n}\n")
+        print("| seed | " + " | ".join(variants) + " |")
+        print("|---|" + "---|" * len(variants))
+        for seed in seeds:
+            print(f"| {seed} | " + " | ".join(cell(cells[(seed, v)]) if (seed, v) in cells else "-"
+                                              for v in variants) + " |")
+        done = list(cells.values())
+        opened = sum(row["gate_opens"] for row in done)
+        gains = [row["improvement"] for row in done]
+        summary = (f"gate opens {opened}/{len(done)}; accuracy gain mean {statistics.mean(gains):+.3f} "
+                   f"[{min(gains):+.3f}, {max(gains):+.3f}]; accuracy lower bound min "
+                   f"{min(row['acc_lower_bound'] for row in done):+.3f} max {max(row['acc_lower_bound'] for row in done):+.3f}")
+        if pipeline == "rlhf-ppo":
+            summary += (f"; rm lower bound min {min(row['rm_lower_bound'] for row in done):+.3f}; "
+                        f"accuracy guard holds {sum(row['guard_holds'] for row in done)}/{len(done)}")
+        print("\n" + summary, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--preset", nargs="+", default=["tiny"],
+                        help="One or more presets; each runs the given pipelines it has parameters for.")
     parser.add_argument("--pipelines", nargs="+", default=list(STAGES), choices=list(STAGES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 2])
     parser.add_argument("--root", type=Path, default=Path("/tmp/tiny-preset-tuning"))
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="Override a pipeline parameter of the preset; dict values merge into the preset's.")
     parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
+                        help="Rerun everything under these numerics variants (subprocesses, one after another) and "
+                             "print a seeds x variants table per preset and pipeline.")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.variants:
+        print_tables(run_variants(args, argv), args.variants, args.seeds)
+        return
 
     import torch
     from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as transformers_logging
 
-    from pipelines.presets import preset_arguments
+    from pipelines.presets import PRESETS, preset_arguments
 
     torch.set_num_threads(args.num_threads)
     logging.basicConfig(level=logging.WARNING)
@@ -190,20 +328,24 @@ def main(argv: list[str] | None = None) -> None:
     transformers_logging.disable_progress_bar()
     disable_progress_bars()
     overrides = parse_settings(args.set)
-    results: dict[str, list[float]] = {}
-    for pipeline in args.pipelines:
-        arguments = preset_arguments(args.preset, pipeline, args.root)  # its own task files and tiny model
+    runs = [(preset, pipeline) for preset in args.preset for pipeline in args.pipelines
+            if pipeline in PRESETS.get(preset, {pipeline: None})]
+    results: dict[tuple[str, str], list[dict]] = {}
+    for preset, pipeline in runs:
+        arguments = preset_arguments(preset, pipeline, args.root)  # its own task files and tiny model
         for name, value in overrides.items():
             is_merge = isinstance(value, dict) and isinstance(arguments.get(name), dict)
             arguments[name] = {**arguments[name], **value} if is_merge else value
         for seed in args.seeds:
-            row = run_pipeline(pipeline, arguments, seed, args.root)
+            row = {"preset": preset, **run_pipeline(pipeline, arguments, seed, args.root)}
             print(json.dumps(row), flush=True)
-            results.setdefault(pipeline, []).append(row["improvement"])
-    for pipeline, values in results.items():
-        print(f"{pipeline}: improvement mean {statistics.mean(values):+.3f} range "
-              f"[{min(values):+.3f}, {max(values):+.3f}] over seeds {args.seeds}; "
-              f"gate opens on {sum(v > 0 for v in values)}/{len(values)}", flush=True)
+            results.setdefault((preset, pipeline), []).append(row)
+    for (preset, pipeline), rows in results.items():
+        values = [row["improvement"] for row in rows]
+        print(f"{preset} {pipeline}: improvement mean {statistics.mean(values):+.3f} range "
+              f"[{min(values):+.3f}, {max(values):+.3f}] over seeds {args.seeds}; gate opens on "
+              f"{sum(row['gate_opens'] for row in rows)}/{len(rows)} (accuracy lower bound min "
+              f"{min(row['acc_lower_bound'] for row in rows):+.3f})", flush=True)
 
 
 if __name__ == "__main__":

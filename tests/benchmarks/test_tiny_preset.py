@@ -39,3 +39,32 @@ def test_each_stage_config_is_valid_and_carries_the_preset_and_the_seed(preset, 
         assert config.ppo.kl_coef == arguments["ppo_kl_coef"] and config.reward.model_path == str(tmp_path / "rm")
     if stage == "sft":
         assert config.model.path == arguments["base_model_uri"] and config.train.group_by_length is False
+
+
+def test_each_variant_reruns_the_command_with_its_own_root_and_threads():
+    argv = ["--preset", "tiny", "tiny-reward-hacking", "--variants", "native", "avx2", "--root", "/r", "--seeds", "1",
+            "2", "--num-threads=2", "--set", "ppo_kl_coef=1"]
+    assert tiny_preset.child_arguments(argv) == ["--preset", "tiny", "tiny-reward-hacking", "--seeds", "1", "2",
+                                                 "--set", "ppo_kl_coef=1"]
+    assert set(tiny_preset.VARIANTS) == {"native", "threads2", "avx2", "default", "sse42"}
+
+
+def test_the_gate_is_the_paired_lower_bound_and_for_a_reward_model_the_accuracy_is_a_guard():
+    six_won = [[[1.0] * 6 + [0.0] * 4], [[0.0] * 10]]  # candidate, baseline: one scorer, ten prompts
+    assert tiny_preset.gate(six_won) == {"n": 10, "acc_wins": 6, "acc_losses": 0, "acc_lower_bound": 0.1284,
+                                         "gate_opens": True}
+    # With a reward model (second scorer) its score is primary: it rose, but the accuracy fell, so the guard refuses.
+    hacked = [[[0.0, 0.0, 0.0, 0.0], [3.0, 2.0, 2.5, 1.0]], [[1.0, 1.0, 1.0, 0.0], [0.0, 0.5, 0.1, -1.0]]]
+    decision = tiny_preset.gate(hacked)
+    assert decision["rm_lower_bound"] >= tiny_preset.MIN_EFFECT and decision["acc_lower_bound"] == -0.75
+    assert not decision["guard_holds"] and not decision["gate_opens"]
+
+
+def test_the_variants_table_has_a_row_per_seed_and_a_column_per_variant(capsys):
+    row = {"preset": "tiny", "pipeline": "rlhf-dpo", "n": 20, "baseline_reward": 0.3, "reward": 0.8,
+           "improvement": 0.5, "acc_lower_bound": 0.24, "gate_opens": True}
+    tiny_preset.print_tables([{**row, "seed": 42, "variant": "native"}, {**row, "seed": 42, "variant": "avx2"}],
+                             ["native", "avx2"], [42, 1])
+    out = capsys.readouterr().out
+    assert "| 42 | 0.30 -> 0.80 (+0.24) opens | 0.30 -> 0.80 (+0.24) opens |" in out and "| 1 | - | - |" in out
+    assert "gate opens 2/2" in out
