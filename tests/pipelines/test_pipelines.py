@@ -1,9 +1,10 @@
 """The pipelines compile to packages KFP loads back, and run end to end with kfp.local on the tiny task.
 
 Each pipeline runs once, through `alignflow run --preset tiny`, and several tests read that run: every
-candidate beats its SFT baseline on the held-out prompts by about what the six-seed tables of
-benchmarks/tiny_preset.md show, so the registration gate opens; `tiny-reward-hacking` shows PPO
-over-optimising its reward model and the gate staying closed. The run's output is short (a line
+candidate is confidently better than its SFT baseline on the held-out prompts, so the registration
+gate opens (as on every seed and numerics variant of benchmarks/tiny_preset.md); `tiny-reward-hacking`
+shows PPO over-optimising its reward model and the gate's reward-hacking guard refusing it. No test
+asserts a recorded accuracy: other CPUs round differently (docs/testing.md). The run's output is short (a line
 per task start and end, and the summary) and each task's executor output is in its own log file.
 """
 
@@ -45,7 +46,6 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     text = package.read_text()
     assert "tiny" not in text  # the tiny task is only a preset (alignflow run --preset tiny)
     assert "gate-opens" in text  # the registration gate
-    assert "inputs.parameters['pipelinechannel--evaluate-model-Output'] == 'register'" in text
     assert inputs["gate_confidence"].default == 0.95 and inputs["gate_min_effect"].default == 0.05
     assert "retryPolicy" in text  # stages retry (and resume from their checkpoint)
     assert "exit-handler" in text and "finish-run" in text  # jobs deleted, MLflow run closed, however it ends
@@ -58,6 +58,9 @@ def test_compiled_package_loads_back_with_its_parameters(name, stage_parameter, 
     # One frame (pipelines/steps.py): lineage and the exit task outside, then the inputs, SFT, the pipeline's own
     # stages, the evaluation and the gate inside the exit handler.
     assert sorted(spec["root"]["dag"]["tasks"]) == ["exit-handler-1", "finish-run", "open-lineage"]
+    gate = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["condition-2"]
+    registers = "inputs.parameter_values['pipelinechannel--evaluate-model-Output'] == 'register'"
+    assert gate["triggerPolicy"]["condition"] == registers  # the registration gate: evaluate-model's decision
     assert sorted(spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]) == sorted(
         ["condition-2", "evaluate-model", "fingerprint-inputs", "prepare-inputs", "train-sft", *OWN_STAGES[name]])
     assert list(spec["components"]["comp-condition-2"]["dag"]["tasks"]) == ["register-model"]
@@ -224,26 +227,24 @@ def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tm
         assert str(client.get_model_version_by_alias("alignflow-dpo", "champion").version) == ("2" if beats else "1")
 
 
-# Held-out greedy accuracy over six seeds (benchmarks/tiny_preset.md): SFT's, then per run the candidate's and
-# its improvement's [min, max]. At seed 42, the default, the README quotes SFT 0.30 and the first figure given.
-SFT_SPREAD = (0.25, 0.40)
-SPREADS = {
-    ("tiny", "rlhf-dpo"): {"reward": (0.75, 0.85), "improvement": (0.35, 0.60)},  # 0.30 -> 0.80
-    # Six seeds on the tree of 3 December 2026: 0.40-0.75, +0.10 to +0.50 (0.30 -> 0.40 at seed 42). The rm stage's
-    # model is not the same on every machine: at seed 42 earlier runs also trained one that scores SFT's answers -2.27
-    # (PPO then reached 0.65), and an AVX-512 machine one that scores them -2.32 (0.70), which these bounds hold too
-    # (docs/pipelines.md).
-    ("tiny", "rlhf-ppo"): {"reward": (0.40, 0.75), "improvement": (0.10, 0.50)},  # 0.30 -> 0.40
-    # At 8x PPO's learning rate, on the AVX-512 machine of 4 December 2026: 0.30 -> 0.00; six seeds -0.40 to -0.15.
-    ("tiny-reward-hacking", "rlhf-ppo"): {"reward": (0.00, 0.20), "improvement": (-0.40, -0.05)},
-    ("tiny", "rlhf-grpo"): {"reward": (0.50, 0.70), "improvement": (0.10, 0.35)},  # 0.30 -> 0.65
-    ("tiny", "rlhf-kto"): {"reward": (0.45, 0.70), "improvement": (0.15, 0.40)},  # 0.30 -> 0.70
-    ("tiny", "rlhf-orpo"): {"reward": (0.75, 0.90), "improvement": (0.35, 0.65)},  # 0.30 -> 0.80
+# What each run's gate decides on every seed and numerics variant measured (6 seeds x 5 variants,
+# benchmarks/tiny_preset.md); None where it depends on the seed and the CPU's rounding: on the 20 held-out prompts
+# the gate needs about +0.30 with no answer lost, which DPO and ORPO gain everywhere and PPO, GRPO and KTO do not.
+# The reward-hacking run is refused everywhere, and its accuracy guard falls everywhere.
+GATE_OPENS = {
+    ("tiny", "rlhf-dpo"): True,
+    ("tiny", "rlhf-ppo"): None,
+    ("tiny-reward-hacking", "rlhf-ppo"): False,
+    ("tiny", "rlhf-grpo"): None,
+    ("tiny", "rlhf-kto"): None,
+    ("tiny", "rlhf-orpo"): True,
 }
-ONE_ANSWER = 0.05  # one of the 20 held-out prompts
+# The least the candidate gained in held-out answers over SFT in those 30 runs (wins minus losses), where it
+# gained on all of them; KTO lost answers on some.
+LEAST_NET_WINS = {"rlhf-dpo": 7, "rlhf-orpo": 7, "rlhf-ppo": 2, "rlhf-grpo": 1}
 # The runs `make test` makes (each a whole pipeline through kfp.local, 41-82 s on 2 cores): every gate. A run made
 # `slow` here leaves `make test` (docs/testing.md).
-IN_SUITE = set(SPREADS)
+IN_SUITE = set(GATE_OPENS)
 
 
 def runs(*cases: tuple[str, str]) -> list:
@@ -255,68 +256,100 @@ def within(value: float, bounds: tuple[float, float]) -> bool:
     return bounds[0] - 1e-6 <= value <= bounds[1] + 1e-6
 
 
-@pytest.mark.parametrize(("preset", "name"), runs(*SPREADS))
-def test_gate_opens_when_the_candidate_beats_sft_by_what_the_tuning_measured(preset, name, cli_runs):
-    """The figures the README quotes, within the spread of six seeds; the gate opens exactly when they are gains."""
+def per_prompt_scores(run: CliRun) -> list[dict]:
+    """The evaluation job's record of every held-out prompt's scores per model (what the gate decided on)."""
+    path = run.run_dir / "evaluate-model" / "job" / "per_prompt.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize(("preset", "name"), runs(*GATE_OPENS))
+def test_the_gate_decides_from_the_paired_scores_and_refuses_reward_hacking(preset, name, cli_runs):
+    """The gate's decision, recomputed from the evaluation's per-prompt scores; the registry follows it. Where
+    the decision holds on every seed and CPU (`GATE_OPENS`) it is asserted, and each candidate's least gain."""
+    from trainer.online.paired_gate import compare_paired
+
     run = cli_runs(preset, name)
     summary = run.summary()
     evaluation = summary["evaluate-model"]["metrics"]
-    assert within(evaluation["baseline_reward"], SFT_SPREAD), evaluation
-    assert within(evaluation["reward"], SPREADS[preset, name]["reward"]), evaluation
-    assert within(evaluation["improvement"], SPREADS[preset, name]["improvement"]), evaluation
-    assert evaluation["improvement"] == pytest.approx(evaluation["reward"] - evaluation["baseline_reward"])
-    opened = evaluation["improvement"] >= ONE_ANSWER
-    assert ("register-model" in summary) == opened
+    opens = bool(evaluation["gate/opens"])
+    if GATE_OPENS[preset, name] is not None:
+        assert opens == GATE_OPENS[preset, name], evaluation
+    assert ("register-model" in summary) == opens
+    # The judged metric: the reward model's score where rlhf-ppo trained on one, else the checker's reward.
+    judged = "rm_score" if name == "rlhf-ppo" else "reward"
+    records = per_prompt_scores(run)
+    comparison = compare_paired([r["candidate"][judged] for r in records], [r["baseline"][judged] for r in records],
+                                confidence=0.95)
+    assert evaluation["gate/n"] == len(records) and evaluation["gate/lower_bound"] == pytest.approx(
+        comparison.lower_bound)
+    accuracy = compare_paired([r["candidate"]["reward"] for r in records], [r["baseline"]["reward"] for r in records],
+                              confidence=0.95)
+    if preset == "tiny" and name in LEAST_NET_WINS:
+        assert accuracy.wins - accuracy.losses >= LEAST_NET_WINS[name], accuracy
+    if name == "rlhf-ppo":  # the reward-hacking guard: the checker's reward may not fall
+        assert evaluation["gate/guard/reward/holds"] == float(accuracy.lower_bound >= -0.05), evaluation
+        if preset == "tiny-reward-hacking":
+            assert evaluation["gate/guard/reward/holds"] == 0.0 and accuracy.losses > accuracy.wins, evaluation
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{run.root / 'mlflow.db'}")
     registered = f"alignflow-{name.split('-')[1]}"
-    if opened:  # a tagged champion version
+    _, mlflow_runs_by_task = mlflow_runs(run.root)
+    reason = mlflow_runs_by_task["evaluate"].data.tags["alignflow.gate.baseline"]
+    if opens:  # a tagged champion version, with the gate's numbers and sentence
+        assert reason.startswith(f"opens against the baseline: {judged} +"), reason
         champion = client.get_model_version_by_alias(registered, "champion")
-        assert champion.tags["alignflow.pipeline_run_id"]
-        assert float(champion.tags["metric.improvement"]) == pytest.approx(evaluation["improvement"])
+        assert champion.tags["alignflow.pipeline_run_id"] and champion.tags["alignflow.gate.baseline"] == reason
+        assert float(champion.tags["metric.gate/lower_bound"]) == pytest.approx(evaluation["gate/lower_bound"])
     else:  # nothing registered, and the closed gate's evaluation is in MLflow all the same
+        assert reason.startswith("refused against the baseline"), reason
         assert client.search_model_versions(f"name='{registered}'") == []
-        _, runs = mlflow_runs(run.root)
-        assert runs["evaluate"].data.metrics["reward"] == pytest.approx(evaluation["reward"])
-        assert runs["evaluate"].data.tags["mlflow.parentRunId"] == runs[name].info.run_id
+        assert mlflow_runs_by_task["evaluate"].data.metrics["reward"] == pytest.approx(evaluation["reward"])
+        assert mlflow_runs_by_task["evaluate"].data.tags["mlflow.parentRunId"] == mlflow_runs_by_task[name].info.run_id
+    report = (run.run_dir / "evaluate-model" / "report").read_text()
+    assert "## The gate" in report and f"| baseline | {judged} | {len(records)} |" in report
+    assert "gate: " in run.stdout and ("opens" if opens else "refused") in run.stdout
 
 
-@pytest.mark.parametrize(("preset", "name"), runs(("tiny", "rlhf-ppo"), ("tiny-reward-hacking", "rlhf-ppo")))
-def test_ppo_raises_its_reward_models_score_and_hacking_it_lowers_accuracy(preset, name, cli_runs):
-    """With the KL penalty (`tiny`) PPO raises its reward model's score on held-out prompts, and accuracy with it;
-    without it and at 8x the learning rate (`tiny-reward-hacking`) accuracy falls. Whether the hacking run's reward
-    model score rises depends on which reward model the rm stage trained, which differs between machines
-    (docs/pipelines.md); on four of six seeds it rose (seed 42 on an AVX-512 machine: -2.32 -> 6.39)."""
-    summary = cli_runs(preset, name).summary()
-    evaluation, stage = summary["evaluate-model"]["metrics"], summary["train-ppo"]["metrics"]
-    if preset == "tiny":
-        assert evaluation["rm_score"] > evaluation["baseline_rm_score"]  # seed 42: 1.91 -> 3.54, or -2.27 -> 2.46
-        assert stage["eval_reward"] > stage["eval_reward_before"]  # the same, on the stage's own held-out prompts
-    assert (evaluation["reward"] > evaluation["baseline_reward"]) == (preset == "tiny")
+@pytest.mark.learning
+def test_ppo_raises_its_reward_models_score_on_the_stages_own_held_out_prompts(cli_runs):
+    """The same, as the PPO stage itself measured it before and after training (greedy, its own held-out rows)."""
+    stage = cli_runs("tiny", "rlhf-ppo").summary()["train-ppo"]["metrics"]
+    assert stage["eval_reward"] > stage["eval_reward_before"]
 
 
-def test_agent_gate_opens_on_the_tool_use_task(cli_runs):
-    """rlhf-agent on `tiny` (the tool-use task) at seed 42 (3 December 2026): SFT copies its teacher's invalid
-    `35x48` calls and gets 0.77 of the 64 held-out products right with 0.84 of its calls valid; GRPO over multi-turn
-    calculator episodes unlearns the habit: 0.86 right, every call valid, and the gate registers it. The bounds are
-    the six seeds' spreads (benchmarks/tiny_preset.md): 0.70-0.88 -> 0.77-0.92, validity 0.84-0.92 -> 0.97-1.0."""
+@pytest.mark.learning
+def test_agent_unlearns_invalid_tool_calls_and_is_judged_as_it_trained(cli_runs):
+    """rlhf-agent on `tiny` (the tool-use task): SFT copies its teacher's invalid `35x48` calls; GRPO over
+    multi-turn calculator episodes unlearns the habit, so more calls are valid and no more products are wrong.
+    Its accuracy gain on the 64 held-out products (0.83 -> 0.89 at seed 42) is too small for the gate to be sure
+    of (it needs about +0.11 there with no answer lost), so the gate's decision is not asserted, only that it is
+    the paired one. The evaluation runs the episodes as the GRPO stage trained on them: its `environment`
+    section, not the defaults."""
+    import yaml
+
+    from trainer.online.paired_gate import compare_paired
+
     run = cli_runs("tiny", "rlhf-agent")
     summary = run.summary()
     evaluation = summary["evaluate-model"]["metrics"]
-    assert within(evaluation["baseline_reward"], (0.70, 0.88)), evaluation
-    assert within(evaluation["reward"], (0.77, 0.93)), evaluation
-    assert within(evaluation["improvement"], (3 / 64, 0.15)), evaluation  # at least three more answers right
-    # Every held-out episode calls the calculator once, before GRPO and after; more of the calls are valid after.
-    assert evaluation["tool_calls_per_episode"] == evaluation["baseline_tool_calls_per_episode"] == 1.0, evaluation
-    assert within(evaluation["baseline_valid_tool_call_fraction"], (0.84, 0.93)), evaluation
-    assert within(evaluation["valid_tool_call_fraction"], (0.96, 1.0)), evaluation
-    assert "register-model" in summary
+    records = per_prompt_scores(run)
+    accuracy = compare_paired([r["candidate"]["reward"] for r in records], [r["baseline"]["reward"] for r in records],
+                              confidence=0.95)
+    assert evaluation["gate/lower_bound"] == pytest.approx(accuracy.lower_bound) and evaluation["gate/n"] == 64
+    assert ("register-model" in summary) == bool(evaluation["gate/opens"])
+    assert accuracy.wins >= accuracy.losses, accuracy
+    assert evaluation["gate/guard/valid_tool_calls/holds"] == 1.0, evaluation
+    assert evaluation["valid_tool_call_fraction"] > evaluation["baseline_valid_tool_call_fraction"], evaluation
+    evaluated = yaml.safe_load((run.run_dir / "evaluate-model" / "job" / "evaluate.yaml").read_text())
+    trained = yaml.safe_load((run.run_dir / "train-grpo" / "job" / "grpo.yaml").read_text())
+    assert evaluated["environment"] == trained["environment"] and evaluated["environment"]["max_turns"] == 3
     metrics = [json.loads(line) for line in (run.run_dir / "train-grpo" / "job" / "metrics.jsonl").read_text()
                .splitlines()]
     validity = [line["agent/valid_tool_call_fraction"] for line in metrics if "agent/valid_tool_call_fraction" in line]
-    # The sampled episodes' calls, GRPO's first step against its last five (0.77 -> 0.98-1.0 at seed 42).
-    assert len(validity) == 20 and validity[0] < 0.9 and min(validity[-5:]) >= 0.95, validity
+    # The sampled episodes' calls got more valid as GRPO trained (0.77 -> 0.98-1.0 at seed 42).
+    assert sum(validity[-5:]) / 5 > validity[0] + 0.05, validity
 
 
 def test_grpo_report_shows_sample_rollouts(cli_runs):
@@ -337,7 +370,7 @@ def test_kto_and_orpo_prefer_the_desirable_answers_on_held_out_rows(name, cli_ru
 MAX_LINES_PER_RUN = 33
 
 
-@pytest.mark.parametrize(("preset", "name"), runs(*SPREADS))
+@pytest.mark.parametrize(("preset", "name"), runs(*GATE_OPENS))
 def test_a_run_prints_a_line_per_task_and_the_summary_and_files_each_tasks_log(preset, name, cli_runs):
     run = cli_runs(preset, name)
     printed = run.stdout.splitlines() + run.stderr.splitlines()
