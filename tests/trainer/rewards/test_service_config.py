@@ -3,26 +3,10 @@ mistake is one line naming the dotted key, long before the model loads."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
-from trainer.config import load_config
+from tests.trainer.config.test_rewards import load  # the same base config, written with the YAML under test
 from trainer.errors import ConfigError
-
-BASE = """\
-output_dir: out
-model:
-  path: models/tiny
-data:
-  train_path: data/train.jsonl
-"""
-
-
-def load(tmp_path, text: str, overrides=()):
-    path = tmp_path / "run.yaml"
-    path.write_text(BASE + textwrap.dedent(text))
-    return load_config("grpo", path, list(overrides))
 
 
 def load_url(tmp_path, url: str):
