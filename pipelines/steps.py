@@ -91,7 +91,7 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
                           lineage: dsl.PipelineTask, pipeline: str, scheduling: dict,
                           reward_model: dsl.PipelineTask | None = None, rollout_engine: str = "hf",
-                          environment: str = "", gate: tuple[float, float, float] = (0.95, 0.05, 0.05)) -> None:
+                          environment: str = "", *, gate: tuple[float, float, float]) -> None:
     """Compare the candidate with the baseline on held-out prompts; register it only if it is confidently better.
 
     The evaluation scores the registry's current champion too, in the same job on the same prompts,
@@ -142,8 +142,8 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
                    scheduling: dict, sft: tuple[float, int, dict],
                    align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], Candidate],
                    reward_function: str, max_new_tokens: int, registered_model_name: str,
-                   rollout_engine: str = "hf", environment: str = "",
-                   gate: tuple[float, float, float] = (0.95, 0.05, 0.05)) -> None:
+                   rollout_engine: str = "hf", environment: str = "", *,
+                   gate: tuple[float, float, float]) -> None:
     """The whole frame of every pipeline: what comes before and after the stages that make the candidate.
 
     Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,

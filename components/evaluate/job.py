@@ -40,14 +40,17 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
         "generation": generation,
         "rollout": {"engine": params.get("rollout_engine") or "hf"},
         "environment": environment,
-        "gate": {"confidence": params.get("gate_confidence", 0.95), "min_effect": params.get("gate_min_effect", 0.05),
-                 "guard_tolerance": params.get("gate_guard_tolerance", 0.05)},
+        "gate": {key: params[f"gate_{key}"] for key in ("confidence", "min_effect", "guard_tolerance")
+                 if f"gate_{key}" in params},
     }
 
 
 def read_gate(job_root: str) -> dict[str, dict]:
-    """The evaluation job's gate decisions by reference (`baseline`, `champion`): `opens`, `reason`, `metrics`."""
-    return json.loads(get_storage(job_root).read_bytes(join_uri(job_root, "gate.json")))
+    """The evaluation job's gate decisions by reference (`baseline`, `champion`): `opens`, `reason`, `metric`,
+    `metrics`; empty when the job wrote none."""
+    uri = join_uri(job_root, "gate.json")
+    storage = get_storage(uri)
+    return json.loads(storage.read_bytes(uri)) if storage.exists(uri) else {}
 
 
 def run_evaluation_component(params: dict[str, Any]) -> str:
@@ -59,6 +62,8 @@ def run_evaluation_component(params: dict[str, Any]) -> str:
     scores = run_stage_job("evaluate", config, model_uri=None, job_root=job_root, run_id=params["run_id"],
                            task="evaluate", cluster=cluster_options(params, config=config))
     gate = read_gate(job_root)
+    if "baseline" not in gate:
+        raise PipelineError(f"evaluate_model: the evaluation job left no gate decision in {job_root}/gate.json")
     if params.get("parent_run_id"):
         log_evaluation(parent_run_id=params["parent_run_id"], kfp_run_id=params["run_id"], scores=scores,
                        models={"candidate": params["model"].uri, "baseline": params["baseline"].uri},
@@ -113,9 +118,9 @@ def gate_section(gate: dict[str, dict]) -> list[str]:
         numbers = decision["metrics"]
         prefix = "gate" if reference == "baseline" else f"{reference}_gate"
         confidence = numbers[f"{prefix}/confidence"]
-        lines.append(f"| {reference} | {decision['metric']} | {numbers[f'{prefix}/n']:.0f} | {numbers[f'{prefix}/difference']:+.4f} | "
-                     f"{numbers[f'{prefix}/lower_bound']:+.4f} | {numbers[f'{prefix}/min_effect']:+.4f} | "
-                     f"{'opens' if decision['opens'] else 'refused'} |")
+        lines.append(f"| {reference} | {decision['metric']} | {numbers[f'{prefix}/n']:.0f} | "
+                     f"{numbers[f'{prefix}/difference']:+.4f} | {numbers[f'{prefix}/lower_bound']:+.4f} | "
+                     f"{numbers[f'{prefix}/min_effect']:+.4f} | {'opens' if decision['opens'] else 'refused'} |")
         guards = sorted({key.split("/")[2] for key in numbers if key.startswith(f"{prefix}/guard/")})
         for metric in guards:
             key = f"{prefix}/guard/{metric}"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from components.evaluate.job import read_gate
 from components.launcher.component_io import default_job_root
 from components.register.registry import register_candidate
 from components.reports.comparison import comparison_html
@@ -20,14 +20,9 @@ def evaluation_samples(evaluation_uri: str, kfp_run_id: str) -> list[dict]:
 
 
 def evaluation_reasons(evaluation_uri: str, kfp_run_id: str) -> dict[str, str]:
-    """The gate's sentence per reference from the evaluation job's `gate.json` (empty when it has none)."""
-    from trainer.storage import get_storage
-
-    uri = join_uri(default_job_root(evaluation_uri, kfp_run_id, "evaluate"), "gate.json")
-    storage = get_storage(uri)
-    if not storage.exists(uri):
-        return {}
-    return {reference: decision["reason"] for reference, decision in json.loads(storage.read_bytes(uri)).items()}
+    """The gate's sentence per reference, from the evaluation job's `gate.json` (found as the samples are)."""
+    gate = read_gate(default_job_root(evaluation_uri, kfp_run_id, "evaluate"))
+    return {reference: decision["reason"] for reference, decision in gate.items()}
 
 
 def run_gate(model: Any, evaluation: Any, comparison: Any, *, name: str, parent_run_id: str, kfp_run_id: str,

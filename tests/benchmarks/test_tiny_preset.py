@@ -49,14 +49,15 @@ def test_each_variant_reruns_the_command_with_its_own_root_and_threads():
     assert set(tiny_preset.VARIANTS) == {"native", "threads2", "avx2", "default", "sse42"}
 
 
-def test_the_gate_is_the_paired_lower_bound_and_for_a_reward_model_the_accuracy_is_a_guard():
+def test_each_row_carries_the_evaluations_decision_and_the_accuracys_paired_bound():
     six_won = [[[1.0] * 6 + [0.0] * 4], [[0.0] * 10]]  # candidate, baseline: one scorer, ten prompts
-    assert tiny_preset.gate(six_won) == {"n": 10, "acc_wins": 6, "acc_losses": 0, "acc_lower_bound": 0.1284,
-                                         "gate_opens": True}
-    # With a reward model (second scorer) its score is primary: it rose, but the accuracy fell, so the guard refuses.
+    assert tiny_preset.gate({"gate/opens": 1.0}, six_won) == {"n": 10, "acc_wins": 6, "acc_losses": 0,
+                                                              "acc_lower_bound": 0.1284, "gate_opens": True}
+    # With a reward model (second scorer) its score is judged: it rose, but the accuracy fell, so the guard refused.
     hacked = [[[0.0, 0.0, 0.0, 0.0], [3.0, 2.0, 2.5, 1.0]], [[1.0, 1.0, 1.0, 0.0], [0.0, 0.5, 0.1, -1.0]]]
-    decision = tiny_preset.gate(hacked)
-    assert decision["rm_lower_bound"] >= tiny_preset.MIN_EFFECT and decision["acc_lower_bound"] == -0.75
+    reported = {"gate/opens": 0.0, "gate/lower_bound": 1.2, "gate/guard/reward/holds": 0.0}
+    decision = tiny_preset.gate(reported, hacked)
+    assert decision["rm_lower_bound"] >= 0.05 and decision["acc_lower_bound"] == -0.75
     assert not decision["guard_holds"] and not decision["gate_opens"]
 
 
