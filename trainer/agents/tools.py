@@ -194,6 +194,8 @@ def describe_run(result: Any, wall_seconds: float) -> str:
         parts.append(f"[timed out after {wall_seconds:g} s]")
     elif result.memory_exceeded:
         parts.append("[stopped: memory limit]")
+    elif result.scratch_exceeded:
+        parts.append("[stopped: file space limit]")
     elif result.exit_code not in (0, None):
         parts.append(f"[exit code {result.exit_code}]")
     if result.truncated:

@@ -27,7 +27,8 @@ class SandboxLimits(Section):
     memory_bytes: int = Field(1 << 30, ge=64 << 20, description=(
         "Memory limit in bytes: the address space of each process (RLIMIT_AS: a larger allocation fails with "
         "MemoryError) and the resident memory of all the run's processes together (checked every 0.1 s: the "
-        "run is killed and the result says memory_exceeded). At least 64 MiB (the interpreter needs about 30)."))
+        "run is killed and the result says memory_exceeded). Where the scratch folder is a tmpfs, the run's files "
+        "there count too, being memory. At least 64 MiB (the interpreter needs about 30)."))
     max_processes: int = Field(16, ge=1, le=1024, description=(
         "How many more processes and threads the program may start (RLIMIT_NPROC above the uid's current "
         "count); a fork past it fails with EAGAIN."))
@@ -36,6 +37,10 @@ class SandboxLimits(Section):
         "says truncated."))
     max_file_bytes: int = Field(64 << 20, ge=0, description=(
         "Largest file the program may write in its scratch folder (RLIMIT_FSIZE); a larger write fails."))
+    max_scratch_bytes: int = Field(256 << 20, ge=1 << 20, description=(
+        "Bytes all the run's files may take together: its scratch folder (allocated blocks, plus 1 KiB a name) "
+        "and the files it deleted but still holds open or mapped; checked every 0.1 s: past it the run is "
+        "killed and the result says scratch_exceeded. At least 1 MiB."))
 
 
 class SandboxConfig(Section):

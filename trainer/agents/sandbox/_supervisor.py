@@ -13,7 +13,9 @@ environment in a fresh scratch folder (its working directory) and in a new sessi
    beneath the scratch folder; no TCP; no signals or abstract sockets outside) and the seccomp filter, and
    executes the interpreter on `main.py`;
 3. collects stdout and stderr up to the output limit and waits up to the wall-clock limit, while the run's
-   processes together hold at most `memory_bytes`, and while the trainer lives;
+   processes together hold at most `memory_bytes` (with their files, where the scratch folder is a tmpfs),
+   while its files take at most `max_scratch_bytes` (`_usage.py` measures both), and while the trainer
+   lives;
 4. then `kill(-1, SIGKILL)`: inside its own domain that reaches exactly the processes of the nested one,
    the program's whole tree, whatever sessions or process groups they made, and nothing else (the kernel
    checks the domain; the fork of a process already sent SIGKILL fails, so none slips through), reaps
@@ -44,16 +46,16 @@ def _load_sibling(name: str):
 
 _landlock = _load_sibling("_landlock")
 _seccomp = _load_sibling("_seccomp")
+_usage = _load_sibling("_usage")
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 SIGKILL = 9  # Linux's, on every architecture (the signal module would import enum: 50 ms)
 NOBODY = 65534
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom")
 CHUNK = 1 << 16
-# How often the supervisor checks the run's total memory and its parent: overshoot and reaction time, against
-# the supervisor's own CPU (a few /proc reads per process each time).
+# How often the supervisor checks the run's total memory, its files and its parent: overshoot and reaction
+# time, against the supervisor's own CPU (a few /proc reads per process and a walk of the scratch folder).
 POLL_SECONDS = 0.1
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # Runs main.py as `python main.py` would, but its tracebacks say `main.py`, not the random scratch path, so
 # the same program prints the same thing every run (the environment fixes PYTHONHASHSEED for the same reason).
 BOOTSTRAP = """\
@@ -164,12 +166,15 @@ def start_program(request: dict) -> tuple[int, int, int]:
     return pid, out_read, err_read
 
 
-def collect(pid: int, pipes: dict[int, bytearray], limits: dict) -> dict:
+def collect(pid: int, pipes: dict[int, bytearray], request: dict) -> dict:
     """Read the pipes until the program exits, the deadline passes, the output outgrows its limit, the
-    processes together hold more than `memory_bytes`, or the trainer is gone (this process was reparented:
+    processes together hold more than `memory_bytes` (counting their files too where the scratch folder is
+    memory), the files outgrow `max_scratch_bytes`, or the trainer is gone (this process was reparented:
     nobody waits for the answer any more)."""
+    limits, scratch = request["limits"], os.getcwd()
     deadline, pidfd, parent = time.monotonic() + limits["wall_seconds"], _open_pidfd(pid), os.getppid()
-    open_pipes, outcome = set(pipes), {"timed_out": False, "truncated": False, "memory_exceeded": False}
+    open_pipes = set(pipes)
+    outcome = {"timed_out": False, "truncated": False, "memory_exceeded": False, "scratch_exceeded": False}
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or os.getppid() != parent:
@@ -188,39 +193,18 @@ def collect(pid: int, pipes: dict[int, bytearray], limits: dict) -> dict:
             break
         if pidfd in ready or pidfd is None and _has_exited(pid):
             break
-        if resident_bytes(os.getpid()) > limits["memory_bytes"]:
+        processes = _usage.run_processes(os.getpid())
+        files = _usage.file_bytes(scratch, processes)
+        if files > limits["max_scratch_bytes"]:
+            outcome["scratch_exceeded"] = True
+            break
+        in_memory = files if request["scratch_in_memory"] else 0
+        if _usage.resident_bytes(processes) + in_memory > limits["memory_bytes"]:
             outcome["memory_exceeded"] = True
             break
     if pidfd is not None:
         os.close(pidfd)
     return outcome
-
-
-def resident_bytes(root: int) -> int:
-    """Resident memory of every descendant of `root` (pages a fork shares are counted in each process, so
-    this errs high). Orphans are reparented to the supervisor, so its descendants are the whole run."""
-    total, pending = 0, _children(root)
-    while pending:
-        pid = pending.pop()
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as statm:
-                total += int(statm.read().split()[1]) * PAGE_SIZE
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        pending += _children(pid)
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    """Child processes of `pid`, from every thread's `children` list (CONFIG_PROC_CHILDREN; empty without)."""
-    found = []
-    try:
-        for thread in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{thread}/children", "rb") as children:
-                found += [int(child) for child in children.read().split()]
-    except OSError:
-        pass  # the process ended, or the kernel does not list children
-    return found
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -284,10 +268,10 @@ def main() -> None:
         sys.stdout.buffer.write(marshal.dumps({"setup_error": detail}))
         return
     pipes = {out: bytearray(), err: bytearray()}
-    outcome = collect(pid, pipes, limits)
+    outcome = collect(pid, pipes, request)
     status = stop_everything(pid)
     drain(pipes, limits["max_output_bytes"])
-    stopped = outcome["timed_out"] or outcome["truncated"] or outcome["memory_exceeded"]
+    stopped = any(outcome.values())
     exit_code = None if stopped or status is None else os.waitstatus_to_exitcode(status)
     output, budget = [], limits["max_output_bytes"]
     for data in pipes.values():

@@ -21,13 +21,16 @@ class SandboxResult:
     """Standard error, likewise; it shares the `max_output_bytes` budget with stdout."""
     exit_code: int | None
     """The program's exit status (negative: killed by that signal, e.g. -24 for SIGXCPU); None when the
-    sandbox stopped it (timed out, truncated or memory exceeded)."""
+    sandbox stopped it (timed out, truncated, memory or scratch exceeded)."""
     timed_out: bool
     """The wall-clock limit passed and the process tree was killed."""
     truncated: bool
     """The output outgrew `max_output_bytes`: it was cut and the process tree was killed."""
     memory_exceeded: bool = False
-    """The run's processes together held more than `memory_bytes`, and the process tree was killed."""
+    """The run's processes together held more than `memory_bytes` (their files in the scratch folder included,
+    where it is a tmpfs), and the process tree was killed."""
+    scratch_exceeded: bool = False
+    """The run's files took more than `max_scratch_bytes`, and the process tree was killed."""
 
     def to_dict(self) -> dict:
         """The result as JSON-ready data (the remote service's response body)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import re
 import shutil
 import signal
 import stat
@@ -110,13 +111,43 @@ def run_python(code: str, *, limits: SandboxLimits | None = None, interpreter: s
     try:
         Path(scratch, "main.py").write_text(code, encoding="utf-8")
         request = {"limits": limits.model_dump(), "read_paths": readable_paths(interpreter),
-                   "interpreter": os.path.realpath(interpreter), "environment": sandbox_environment(scratch)}
+                   "interpreter": os.path.realpath(interpreter), "environment": sandbox_environment(scratch),
+                   "scratch_in_memory": in_memory(scratch)}
         answer = _supervise(scratch, request, limits.wall_seconds + SUPERVISOR_GRACE_SECONDS)
     finally:
         _remove_scratch(scratch)
     if "setup_error" in answer:
         raise SandboxUnavailableError(f"sandbox cannot start: {answer['setup_error']}")
     return SandboxResult(**answer)
+
+
+# Filesystems whose files are pages of memory: what a run keeps in them counts against `memory_bytes`.
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def in_memory(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether `path` lies on a filesystem held in memory (a tmpfs `/tmp`, an `emptyDir` with `medium: Memory`):
+    the filesystem of the longest (and, among equals, the last: the one on top) mount point above it in
+    `mountinfo`. True where that cannot be read, which errs toward counting the files."""
+    real, best, best_type = os.path.realpath(path), "", ""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return True
+    for line in lines:  # "id parent dev root MOUNT-POINT options ... - TYPE source options"
+        mount, _, filesystem = line.partition(" - ")
+        if len(mount.split()) < 5 or not filesystem:
+            continue
+        mount_point = _unescape(mount.split()[4])
+        if (real == mount_point or real.startswith(mount_point.rstrip("/") + "/")) and len(mount_point) >= len(best):
+            best, best_type = mount_point, filesystem.split()[0]
+    return best_type in MEMORY_FILESYSTEMS
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path with its octal escapes (`\\040` for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def _supervise(scratch: str, request: dict, timeout: float) -> dict:

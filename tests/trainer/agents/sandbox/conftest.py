@@ -65,6 +65,12 @@ class TrainerStandIn:
         assert "error" not in result, result["error"]
         return result
 
+    def run_in(self, scratch_root: str, code: str, **limits) -> dict:
+        """Like `run`, with the scratch folder made in `scratch_root` instead of the stand-in's TMPDIR."""
+        result = self._ask({"code": code, "limits": limits, "scratch_root": scratch_root})
+        assert "error" not in result, result["error"]
+        return result
+
     def run_plain(self, code: str) -> dict:
         """The code's result without the sandbox, as this process (the control)."""
         return self._ask({"code": code, "plain": True})

@@ -30,7 +30,7 @@ def test_runs_a_program_with_the_token(sandbox_service):
     status, answer = call(url, "/v1/run", {"code": "print(6 * 7)"})
     assert status == 200
     assert answer == {"stdout": "42\n", "stderr": "", "exit_code": 0, "timed_out": False, "truncated": False,
-                      "memory_exceeded": False}
+                      "memory_exceeded": False, "scratch_exceeded": False}
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token", TOKEN[:-1]])

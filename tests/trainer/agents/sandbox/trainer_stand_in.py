@@ -2,6 +2,7 @@
 
 `python trainer_stand_in.py` reads one JSON request per line on stdin and answers one JSON line:
 - `{"code": ..., "limits": {...}}`: `run_python` (the sandbox), answered with the result and its seconds;
+  with `"scratch_root": path`, the scratch folder is made there instead of in `TMPDIR`;
 - `{"code": ..., "plain": true}`: the same code in a plain subprocess with this process's environment and
   rights, to show that each escape works without the sandbox (so the tests can fail);
 - `{"concurrent": [request, ...]}`: those requests at once, from threads, answered as a list;
@@ -16,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -32,11 +34,13 @@ def answer(request: dict) -> dict:
             return {"answers": list(pool.map(answer, request["concurrent"]))}
     if request.get("check"):
         return check_under_profile({int(k): v for k, v in request.get("profile_denials", {}).items()})
-    started = time.monotonic()
+    started, tempfile.tempdir = time.monotonic(), request.get("scratch_root")  # None: TMPDIR again
     try:
         result = run_python(request["code"], limits=SandboxLimits(**request.get("limits", {})))
     except SandboxError as err:
         return {"error": str(err)}
+    finally:
+        tempfile.tempdir = None
     return {**result.to_dict(), "seconds": time.monotonic() - started}
 
 
