@@ -10,7 +10,7 @@ DEMO_DIR ?= demo-output
 # is one process starting or waiting, and the tests' processes wait passively (tests/conftest.py). 0 runs in one.
 TEST_WORKERS ?= 2
 
-.PHONY: test test-numerics demo benchmark venv clean images test-images local-bases lock test-colossalai test-vllm chaos
+.PHONY: test test-numerics demo benchmark benchmark-check venv clean images test-images local-bases lock test-colossalai test-vllm chaos
 
 venv: $(STAMP)
 
@@ -61,6 +61,12 @@ $(BENCH_STAMP): $(STAMP)
 
 benchmark: venv $(BENCH_STAMP)
 	$(PY) benchmarks/side_by_side.py $(BENCHMARK_ARGS)
+
+# Which stage slowed: every stage's alignflow/TRL ratio (16 steps, 3 repeats: about 10 minutes) against the last one
+# recorded in benchmarks/recorded.json, named where it fell by more than 10%. It reports; it fails only if a run
+# fails. BENCHMARK_ARGS="--stages dpo_short,dpo_live --record" also records the sitting's ratios.
+benchmark-check: venv $(BENCH_STAMP)
+	$(PY) benchmarks/side_by_side.py --max-steps 16 --compare $(BENCHMARK_ARGS)
 
 # Kill sft, dpo, rm and grpo at random points (SIGKILL and SIGTERM), resume, and print a table of
 # kills tried / resumed bit-exact / steps lost (about 15 minutes on 2 cores). CHAOS_ARGS=--kills 8

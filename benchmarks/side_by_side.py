@@ -2,6 +2,7 @@
 
     python benchmarks/side_by_side.py                    # or: make benchmark (about 30 minutes on 2 cores)
     python benchmarks/side_by_side.py --stages grpo --user-defaults --json results.json
+    python benchmarks/side_by_side.py --max-steps 16 --compare   # or: make benchmark-check; which stage slowed
 
 The script writes the workload (a 3.2M-parameter Llama, or with `--model large` 96M, with a character tokenizer, SFT rows,
 preference pairs, GRPO prompts) into a temporary directory, then trains every stage with alignflow
@@ -25,12 +26,18 @@ What is counted (the same rules for both systems; benchmarks/README.md states th
 - loss: the mean of the last 8 logged step losses.
 
 Not measured here: PPO (TRL 1.16 has no PPO trainer), evaluation, more than one process.
+
+Regression check (`--compare`, `make benchmark-check`): each stage's alignflow/TRL ratio (completions/s for GRPO,
+real tokens/s otherwise) against the last one recorded in benchmarks/recorded.json (`--record` writes a sitting's
+ratios there), and which stages slowed by more than `--tolerance`. Ratios, not times: on a shared machine a
+sitting's absolute figures drift, its ratios much less. It reports; its exit status does not say slower.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -52,6 +59,10 @@ SFT_TOKENS = (64, 256)  # total tokens of a row (prompt + completion + EOS), uni
 PROMPT_CHARS = (16, 64)  # one token per character
 PREFERENCE_PAIRS = 256
 RESPONSE_CHARS = (32, 192)  # chosen and rejected, each drawn on its own
+# `dpo_short`: live-reference DPO on the shape of issue 49's outside side-by-side: prompts of about 60 characters,
+# answers of 4 to 30 (prompts longer than their answers), the learning rate decaying linearly to 0 in both systems.
+SHORT_PROMPT_CHARS = (56, 64)
+SHORT_RESPONSE_CHARS = (4, 30)
 GRPO_PROMPTS = 64  # addition prompts "a+b=" rewarded by the exact answer (trainer.tiny.task)
 # GRPO's shapes, each one pass over the prompts: (prompts a step, generations a prompt, new tokens). `grpo` is
 # 2 x 4 completions of 32 tokens, 32 steps; `grpo_8x8` 8 x 8 of 64 tokens, 8 steps. A step's completions are
@@ -73,9 +84,12 @@ NUM_THREADS = 2
 SEED = 0
 LOSS_TAIL = 8  # steps whose losses are averaged into `loss`
 
-STAGES = ("sft_padded", "sft_packed", "rm", "dpo_live", "dpo_precomputed", *GRPO_SHAPES)
+STAGES = ("sft_padded", "sft_packed", "rm", "dpo_live", "dpo_precomputed", "dpo_short", *GRPO_SHAPES)
+PREFERENCE_STAGES = ("rm", "dpo_live", "dpo_precomputed", "dpo_short")  # samples are pairs of two sequences
 DEFAULT_STAGES = tuple(stage for stage in STAGES if stage not in OPTIONAL_STAGES)
 SYSTEMS = ("alignflow", "trl")
+RECORDED = Path(__file__).with_name("recorded.json")  # the last recorded ratio of each stage (`--record`, `--compare`)
+TOLERANCE = 0.10  # `--compare` calls a stage slower when its ratio fell by more than this share of the recorded one
 WORDS = ["the", "model", "learns", "to", "answer", "short", "questions", "about", "numbers", "and", "words",
          "while", "a", "reference", "keeps", "it", "close", "policy", "reward", "token", "sequence", "batch"]
 
@@ -122,9 +136,14 @@ def write_workload(directory: Path, model: str = "small") -> dict[str, Path]:
     pairs = [{"prompt": _text(rng, rng.randint(*PROMPT_CHARS)), "chosen": _text(rng, rng.randint(*RESPONSE_CHARS)),
               "rejected": _text(rng, rng.randint(*RESPONSE_CHARS))} for _ in range(PREFERENCE_PAIRS)]
     prompts = [{"prompt": prompt, "answer": answer} for prompt, answer in problems()[:GRPO_PROMPTS]]
+    short_rng = random.Random(SEED + 1)  # its own stream: the other files stay as earlier sittings had them
+    short = [{"prompt": _text(short_rng, short_rng.randint(*SHORT_PROMPT_CHARS)),
+              "chosen": _text(short_rng, short_rng.randint(*SHORT_RESPONSE_CHARS)),
+              "rejected": _text(short_rng, short_rng.randint(*SHORT_RESPONSE_CHARS))} for _ in range(PREFERENCE_PAIRS)]
     instructed = [{"prompt": INSTRUCTION + row["prompt"], "answer": row["answer"]} for row in prompts]
     return {"model": model_dir, "sft": write_jsonl(sft, directory / "sft.jsonl"),
             "preference": write_jsonl(pairs, directory / "preference.jsonl"),
+            "preference_short": write_jsonl(short, directory / "preference_short.jsonl"),
             "prompts": write_jsonl(prompts, directory / "prompts.jsonl"),
             "grpo_instructed": write_jsonl(instructed, directory / "instructed_prompts.jsonl")}
 
@@ -132,6 +151,18 @@ def write_workload(directory: Path, model: str = "small") -> dict[str, Path]:
 def grpo_prompts(stage: str, files: dict[str, Path]) -> Path:
     """The prompts file a GRPO stage samples from."""
     return files["grpo_instructed" if stage == "grpo_instructed" else "prompts"]
+
+
+def training_file(stage: str, files: dict[str, Path]) -> Path:
+    """The data file a supervised or preference stage trains on."""
+    if stage.startswith("sft"):
+        return files["sft"]
+    return files["preference_short" if stage == "dpo_short" else "preference"]
+
+
+def scheduler(stage: str) -> str:
+    """The learning-rate schedule of a stage's runs (both systems): constant, but linear decay for `dpo_short`."""
+    return "linear" if stage == "dpo_short" else "constant"
 
 
 # -- child: alignflow ------------------------------------------------------------------------------
@@ -143,7 +174,7 @@ def alignflow_config(stage: str, files: dict[str, Path], output_dir: Path,
     common = {
         "output_dir": str(output_dir),
         "model": {"path": str(files["model"])},
-        "optimizer": {"lr": LR, "scheduler": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
+        "optimizer": {"lr": LR, "scheduler": scheduler(stage), "weight_decay": 0.0, "max_grad_norm": 1.0},
         "checkpoint": {"keep_last": 1, "save_interval": 0},
         "tracking": {"backend": "none"},
     }
@@ -159,7 +190,7 @@ def alignflow_config(stage: str, files: dict[str, Path], output_dir: Path,
                         "reward": {"function": "tiny_addition"},
                         "grpo": {"num_episodes": episodes, "rollout_batch_size": prompts, "num_generations": generations,
                                  "mini_batch_size": completions, "beta": 0.0}}
-    data = {"train_path": str(files["sft" if stage.startswith("sft") else "preference"]), "max_length": MAX_LENGTH}
+    data = {"train_path": str(training_file(stage, files)), "max_length": MAX_LENGTH}
     config = {**common, "data": data, "train": {**train, "max_epochs": 1, "max_steps": max_steps}}
     if stage.startswith("sft"):
         return "sft", {**config, "sft": {"packing": stage == "sft_packed"}}
@@ -236,7 +267,7 @@ def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int
     datasets.disable_progress_bars()
     tokenizer = AutoTokenizer.from_pretrained(files["model"])
     common = dict(output_dir=str(output_dir), per_device_train_batch_size=BATCH_SIZE, num_train_epochs=1,
-                  learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                  learning_rate=LR, lr_scheduler_type=scheduler(stage), warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                   logging_steps=1, save_strategy="no", report_to="none", bf16=False, fp16=False,
                   gradient_checkpointing=False, use_cpu=True, seed=SEED, data_seed=SEED, dataloader_num_workers=0,
                   disable_tqdm=True, max_steps=max_steps or -1)
@@ -274,7 +305,7 @@ def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int
     elif stage.startswith("dpo"):
         args = trl.DPOConfig(**common, max_length=MAX_LENGTH, beta=DPO_BETA,
                              precompute_ref_log_probs=stage == "dpo_precomputed")
-        trainer = trl.DPOTrainer(model=model, args=args, train_dataset=_dataset(files["preference"]),
+        trainer = trl.DPOTrainer(model=model, args=args, train_dataset=_dataset(training_file(stage, files)),
                                  processing_class=tokenizer, callbacks=[StepTimer()])
     else:
         from trainer.tiny.task import check_answer
@@ -296,7 +327,7 @@ def run_trl(stage: str, files: dict[str, Path], output_dir: Path, max_steps: int
         completions = args.per_device_train_batch_size * len(step_seconds)
         return {"seconds": sum(step_seconds), "steps": len(step_seconds), "samples": completions,
                 "tokens": completions * statistics.fmean(lengths), "losses": losses}
-    pairs = 2 if stage in ("rm", "dpo_live", "dpo_precomputed") else 1  # chosen and rejected rows of a pair
+    pairs = 2 if stage in PREFERENCE_STAGES else 1  # chosen and rejected rows of a pair
     return {"seconds": sum(step_seconds), "steps": len(step_seconds), "samples": sum(step_samples) / pairs,
             "tokens": sum(step_tokens), "losses": losses}
 
@@ -433,6 +464,8 @@ def check_targets(rows: list[dict], results: dict[tuple[str, str], list[dict]]) 
     for stage in ("sft_padded", "sft_packed", "rm", "dpo_live"):
         if stage in by_stage:
             check(f"{stage} real tokens/s vs TRL", by_stage[stage]["tokens_ratio"], 1.5)
+    if "dpo_short" in by_stage:  # issue 49: the lead an outside side-by-side saw shrink from 1.41x
+        check("dpo_short real tokens/s vs TRL", by_stage["dpo_short"]["tokens_ratio"], 1.4)
     if "dpo_precomputed" in by_stage and "dpo_live" in by_stage:
         ratio = paired_ratio(results[("alignflow", "dpo_precomputed")], results[("trl", "dpo_live")],
                              "tokens_per_second")
@@ -447,6 +480,55 @@ def check_targets(rows: list[dict], results: dict[tuple[str, str], list[dict]]) 
                              "tokens_per_second")
         check("alignflow packed SFT vs its padded SFT, tokens/s", ratio, 1.0)
     return checks
+
+
+def headline(stage: str) -> str:
+    """The ratio a stage is judged by: completions/s for GRPO (what its targets count), real tokens/s otherwise."""
+    return "samples_ratio" if stage in GRPO_SHAPES else "tokens_ratio"
+
+
+def _repeat_ratios(results: dict[tuple[str, str], list[dict]], stage: str) -> list[float]:
+    key = headline(stage).replace("_ratio", "_per_second")
+    return [m[key] / t[key] for m, t in zip(results[("alignflow", stage)], results[("trl", stage)], strict=True)]
+
+
+def record(rows: list[dict], results: dict[tuple[str, str], list[dict]], path: Path, note: str) -> None:
+    """Write this sitting's ratio of every stage it ran into `path`, keeping the other stages' older records."""
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    when = datetime.date.today().isoformat()
+    for row in rows:
+        stage = row["stage"]
+        recorded[stage] = {"ratio": round(row[headline(stage)], 3), "of": headline(stage).removesuffix("_ratio"),
+                           "repeats": [round(r, 3) for r in _repeat_ratios(results, stage)], "date": when,
+                           "commit": _commit(), "note": note}
+    path.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+
+
+def _commit() -> str:
+    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, check=False,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
+                           check=False, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    return (completed.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+def compare(rows: list[dict], recorded: dict[str, dict], tolerance: float = TOLERANCE) -> list[str]:
+    """Each stage's ratio now against its last recorded one; the lines name the stages that slowed."""
+    lines, slowed = [], []
+    for row in rows:
+        stage, now = row["stage"], row[headline(row["stage"])]
+        last = recorded.get(stage)
+        if last is None:
+            lines.append(f"{stage:>16}: {now:.2f}x now, nothing recorded (--record keeps this sitting's)")
+            continue
+        change = now / last["ratio"] - 1
+        verdict = "SLOWER" if change < -tolerance else "faster" if change > tolerance else "same"
+        if verdict == "SLOWER":
+            slowed.append(stage)
+        lines.append(f"{stage:>16}: {now:.2f}x now, {last['ratio']:.2f}x recorded ({last['date']}, "
+                     f"{last['commit']}): {change:+.0%}  {verdict}")
+    lines.append(f"slowed by more than {tolerance:.0%} against the record: {', '.join(slowed) if slowed else 'none'}")
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -468,6 +550,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="The interpreter of alignflow's runs: e.g. .venv-vllm/bin/python (make test-vllm's "
                         "environment) with --set 'rollout.engine=\"vllm\"', TRL's runs staying in this one.")
     parser.add_argument("--json", type=Path, help="Also write every run's figures and the summary here.")
+    parser.add_argument("--compare", action="store_true", help="Compare each stage's alignflow/TRL ratio with the "
+                        "last one recorded (--recorded) and say which stages slowed by more than --tolerance; "
+                        "it reports, it does not fail.")
+    parser.add_argument("--record", action="store_true", help="Write this sitting's ratios to --recorded (after "
+                        "--compare, if given), keeping the other stages' records.")
+    parser.add_argument("--recorded", type=Path, default=RECORDED, help="The recorded ratios' file.")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+                        help="--compare: a fall of more than this share of the recorded ratio is a slowdown.")
+    parser.add_argument("--note", default="", help="--record: what the sitting was (machine, load), kept beside it.")
     parser.add_argument("--keep", type=Path, help="Write the workload and runs here and keep them.")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -479,6 +570,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--systems {args.systems}: expected a subset of {','.join(SYSTEMS)}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if (args.compare or args.record) and len(args.systems) != 2:
+        parser.error("--compare and --record need both systems: they read alignflow/TRL ratios")
     return args
 
 
@@ -528,6 +621,13 @@ def main(argv: list[str] | None = None) -> None:
         summary = summarise(results, args.stages)
         print(format_table(summary))
         print("\n".join(check_targets(summary, results)))
+        if args.compare:
+            recorded = json.loads(args.recorded.read_text()) if args.recorded.exists() else {}
+            print(f"\nagainst the last recorded ratios ({args.recorded.name}):")
+            print("\n".join(compare(summary, recorded, args.tolerance)))
+        if args.record:
+            record(summary, results, args.recorded, args.note)
+            print(f"recorded: {', '.join(args.stages)} in {args.recorded}")
     if args.json is not None:
         runs = [{"system": s, "stage": t, "runs": v} for (s, t), v in results.items()]
         args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=2))

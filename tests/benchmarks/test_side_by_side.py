@@ -20,7 +20,8 @@ spec.loader.exec_module(side_by_side)
 
 @pytest.mark.parametrize("stage", side_by_side.STAGES)
 def test_every_stage_config_is_a_valid_alignflow_config(stage, tmp_path):
-    files = {name: tmp_path / name for name in ("model", "sft", "preference", "prompts", "grpo_instructed")}
+    files = {name: tmp_path / name for name in ("model", "sft", "preference", "preference_short", "prompts",
+                                               "grpo_instructed")}
     kind, raw = side_by_side.alignflow_config(stage, files, tmp_path / "run", max_steps=4)
     config = build_config(kind, raw)
     assert config.train.num_threads == side_by_side.NUM_THREADS and config.train.mixed_precision == "no"
@@ -92,3 +93,31 @@ def test_summary_uses_medians_of_each_repeats_ratio_and_judges_the_targets():
     # Precomputed alignflow DPO is judged against TRL's live-reference DPO: 190 / 100.
     assert "MISSED dpo precomputed reference vs TRL's live-reference DPO, tokens/s: 1.90" in checks
     assert "met    dpo_live peak RSS vs TRL: 0.70" in checks
+
+
+def test_compare_names_the_stages_whose_ratio_fell_beyond_the_tolerance(tmp_path):
+    # The regression check (make benchmark-check): ratios against the last recorded ones, GRPO by completions/s.
+    results = {("alignflow", "dpo_short"): [run(110)], ("trl", "dpo_short"): [run(100)],
+               ("alignflow", "sft_packed"): [run(150)], ("trl", "sft_packed"): [run(100)],
+               ("alignflow", "rm"): [run(130)], ("trl", "rm"): [run(100)]}
+    rows = side_by_side.summarise(results, ["dpo_short", "sft_packed", "rm"])
+    recorded = {"dpo_short": {"ratio": 1.4, "date": "2026-12-05", "commit": "abc"},
+                "sft_packed": {"ratio": 1.55, "date": "2026-12-03", "commit": "def"}}
+    lines = side_by_side.compare(rows, recorded, tolerance=0.1)
+    assert "dpo_short: 1.10x now, 1.40x recorded (2026-12-05, abc): -21%  SLOWER" in lines[0]
+    assert lines[1].endswith("-3%  same")
+    assert "nothing recorded" in lines[2]
+    assert lines[-1] == "slowed by more than 10% against the record: dpo_short"
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps({"grpo": {"ratio": 1.5}}))
+    side_by_side.record(rows, results, path, note="test")
+    written = json.loads(path.read_text())
+    assert written["grpo"] == {"ratio": 1.5}  # stages this sitting did not run keep their record
+    assert written["dpo_short"]["ratio"] == 1.1 and written["dpo_short"]["repeats"] == [1.1]
+    assert written["rm"]["of"] == "tokens" and side_by_side.headline("grpo_8x8") == "samples_ratio"
+
+
+def test_the_checked_in_record_names_known_stages():
+    recorded = json.loads(side_by_side.RECORDED.read_text())
+    assert set(recorded) <= set(side_by_side.STAGES)
+    assert all(entry["ratio"] > 0 and entry["of"] in ("tokens", "samples") for entry in recorded.values())

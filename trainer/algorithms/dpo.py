@@ -36,8 +36,12 @@ difference between chosen and rejected, so both log-probs can fall together; the
 chosen answer likely, which is what raises greedy accuracy on answers that can be checked.
 
 `reference_free` replaces the reference log-probs with 0. Chosen and rejected sequences go through the
-model in one forward pass: packed padding-free into one row of whole sequences (`pack_preference`, the
-default) or stacked and right-padded (`pad_preference`); `preference_logps` reads either.
+model in one forward pass: packed padding-free into one row of whole sequences (`pack_preference`) or
+stacked and right-padded (`pad_preference`); `preference_logps` reads either. With `share_prompts`, a padded
+batch runs each pair's prompt once and both answers on top of its keys and values
+(`trainer.modeling.shared_prompts`; the log-probs equal the plain forward's up to rounding); by default
+(`dpo.packing` and `dpo.share_prompts` on) each micro-batch takes whichever form computes fewer tokens
+(`pack_or_share_preference`).
 
 Logged metrics: `loss`, `rewards/chosen`, `rewards/rejected` (beta times the log-ratio; SimPO alone:
 beta times the per-token mean log-prob), `rewards/accuracies`, `rewards/margins`, `logps/chosen`,
@@ -55,7 +59,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.algorithms.common import LossOutput, packed_inputs, packed_sequence_logps, scored_logits, sequence_logps
+from trainer.algorithms.common import (
+    LossOutput,
+    first_scored_position,
+    packed_inputs,
+    packed_sequence_logps,
+    scored_logits,
+    sequence_logps,
+)
+from trainer.modeling.shared_prompts import shared_prompt_logits, shares_prompts
 
 
 def sigmoid_preference_loss(chosen_logratios: Tensor, rejected_logratios: Tensor, *, beta: float,
@@ -231,11 +243,13 @@ class DPOObjective:
         rpo_alpha: Weight of the chosen response's NLL added to the loss (alpha of DPO+NLL); None adds none.
         ref_model: Frozen reference; None when reference log-probs come with the batch
             (`ref_logps`, precomputed) or when the losses need none (reference-free, SimPO, SFT).
+        share_prompts: Run a padded batch's shared prompts once (`preference_logps`), in both models.
     """
 
     def __init__(self, *, beta: float, loss_type: str | Sequence[str] = "sigmoid",
                  loss_weights: Sequence[float] | None = None, label_smoothing: float = 0.0, simpo_gamma: float = 0.5,
-                 discopop_tau: float = 0.05, rpo_alpha: float | None = None, ref_model: nn.Module | None = None) -> None:
+                 discopop_tau: float = 0.05, rpo_alpha: float | None = None, ref_model: nn.Module | None = None,
+                 share_prompts: bool = False) -> None:
         self.beta = beta
         self.loss_types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
         self.loss_weights = tuple(loss_weights) if loss_weights is not None else (1.0,) * len(self.loss_types)
@@ -245,6 +259,7 @@ class DPOObjective:
                         "discopop_tau": discopop_tau}
         self.rpo_alpha = rpo_alpha
         self.ref_model = ref_model
+        self.share_prompts = share_prompts
 
     @property
     def needs_reference(self) -> bool:
@@ -260,12 +275,12 @@ class DPOObjective:
         if self.ref_model is None or not self.needs_reference:
             return torch.zeros(num_sequences(batch), device=batch["input_ids"].device)
         with torch.no_grad():
-            return preference_logps(self.ref_model, batch)[0]
+            return preference_logps(self.ref_model, batch, share_prompts=self.share_prompts)[0]
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         # The reference runs first: its forward's transient memory then never adds to the policy's saved activations.
         reference = self.reference_logps(batch)  # (2B,)
-        logps, num_tokens = preference_logps(model, batch)  # (2B,), (2B,)
+        logps, num_tokens = preference_logps(model, batch, share_prompts=self.share_prompts)  # (2B,), (2B,)
         pair = PairLogps(*logps.chunk(2), *reference.chunk(2), *num_tokens.clamp(min=1).chunk(2))  # (B,) each
         losses = sum(weight * pair_loss(name, pair, **self.options)
                      for name, weight in zip(self.loss_types, self.loss_weights))  # (B,)
@@ -291,20 +306,29 @@ class DPOObjective:
         return LossOutput(total=losses.sum(), count=self.count_units(batch), stats=stats)
 
 
-def preference_logps(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+def preference_logps(model: nn.Module, batch: dict[str, Tensor], share_prompts: bool = False) -> tuple[Tensor, Tensor]:
     """Summed log-probs and token counts of a preference batch's 2B sequences, packed or padded.
 
     Args:
         model: A causal LM.
         batch: From `pack_preference` (input_ids, position_ids, sequence_ids, labels: (1, N), cu_seq_lens) or
             `pad_preference` (input_ids, attention_mask, labels: (2B, T)).
+        share_prompts: For a padded batch, run the columns before its first label once per distinct prompt
+            (a pair's two rows share theirs) and each row's rest on top of their keys and values, where the model
+            allows it (`shares_prompts`); the log-probs equal the plain forward's up to rounding.
 
     Returns:
         (2B,) log-prob sums and (2B,) token counts: chosen 0..B-1, then rejected B..2B-1.
     """
     if "sequence_ids" not in batch:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        return sequence_logps(*scored_logits(model, inputs, batch["labels"]))
+        labels = batch["labels"]  # (2B, T)
+        start = first_scored_position(labels)
+        if share_prompts and start > 0 and shares_prompts(model):
+            logits = shared_prompt_logits(model, inputs, start)  # (2B, T - start, V); None: no prompt is shared
+            if logits is not None:
+                return sequence_logps(logits, labels[:, start:])
+        return sequence_logps(*scored_logits(model, inputs, labels))
     logits, labels = scored_logits(model, packed_inputs(batch), batch["labels"])  # (1, N', V), (1, N'): prompt-only head cut
     sequence_ids = batch["sequence_ids"][:, -labels.shape[1]:]  # (R, L'), aligned with the kept labels
     return packed_sequence_logps(logits, labels, sequence_ids, num_sequences=num_sequences(batch))

@@ -54,6 +54,13 @@ class DPOAlgorithmConfig(Section):
     )
     ref_model_path: str | None = Field(None, description="Reference model directory; null uses `model.path`.")
     packing: bool | None = Field(None, validate_default=True, description=PAIR_PACKING_DESCRIPTION)
+    share_prompts: bool = Field(
+        True, description="Run the prompt a pair's chosen and rejected answers share once, both answers on top of "
+        "its keys and values (log-probs equal up to rounding), in the policy and the live reference. With packing, "
+        "each micro-batch then goes padded and shared or packed, whichever computes fewer tokens: prompts longer than "
+        "their answers go shared, long answers of unequal length packed. Off under FSDP2, ColossalAI and gradient "
+        "checkpointing; false runs every sequence whole, as before."
+    )
 
     @field_validator("packing", mode="after")
     @classmethod

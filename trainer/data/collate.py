@@ -124,6 +124,30 @@ def pack_preference(examples: list[dict], pad_token_id: int = 0) -> dict[str, to
     return {**_pack_rows(sequences, pad_token_id, width=total), **_pair_fields(examples)}
 
 
+def shared_prompt_tokens(examples: list[dict]) -> int:
+    """Tokens `pad_preference`'s rows put through a model when each pair's prompt runs once (`dpo.share_prompts`,
+    `trainer.modeling.shared_prompts`): the columns before the batch's first label once per pair, the rest once
+    per row, padding included."""
+    rows = [e["chosen_labels"] for e in examples] + [e["rejected_labels"] for e in examples]
+    width = max(len(row) for row in rows)
+    split = min(next((i for i, label in enumerate(row) if label != IGNORE_INDEX), len(row)) for row in rows)
+    return len(examples) * split + len(rows) * (width - split)
+
+
+def pack_or_share_preference(examples: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """A preference batch in whichever form puts fewer tokens through the model: `pad_preference`'s rows, read
+    with each pair's prompt run once (`dpo.share_prompts`), or `pack_preference`'s padding-free row.
+
+    Prompts longer than their answers (a 60-token prompt, answers of 4 to 30) go padded and shared: the
+    rejected row's prompt, most of its tokens, is not run again. Long answers of unequal length go packed:
+    the padding they would need costs more than a prompt's second run. Both forms give the same log-probs.
+    """
+    total = sum(len(e["chosen_input_ids"]) + len(e["rejected_input_ids"]) for e in examples)  # packed: every token once
+    if shared_prompt_tokens(examples) < total:
+        return pad_preference(examples, pad_token_id)
+    return pack_preference(examples, pad_token_id)
+
+
 def _pad(rows: list[list[int]], value: int, length: int) -> torch.Tensor:
     return torch.tensor([row + [value] * (length - len(row)) for row in rows], dtype=torch.long)
 

@@ -25,7 +25,14 @@ from trainer.algorithms.update import Objective, to_device
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.config import DPOConfig, KTOConfig, ORPOConfig, RewardConfig, SFTConfig, StageConfig
-from trainer.data.collate import pack_preference, pack_sft, pad_preference, pad_sft, pad_unpaired
+from trainer.data.collate import (
+    pack_or_share_preference,
+    pack_preference,
+    pack_sft,
+    pad_preference,
+    pad_sft,
+    pad_unpaired,
+)
 from trainer.data.dataset import load_preference_dataset, load_sft_dataset, load_unpaired_dataset
 from trainer.errors import TrainingError
 from trainer.lifecycle.context import (
@@ -40,6 +47,7 @@ from trainer.lifecycle.context import (
 )
 from trainer.modeling.attention import use_varlen_attention
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
+from trainer.modeling.shared_prompts import shares_prompts
 from trainer.runtime import all_reduce_sum
 from trainer.supervised.loop import SupervisedTrainer, total_steps
 
@@ -87,14 +95,24 @@ def _prepare_sft(config: SFTConfig, context: RunContext) -> StageParts:
     return StageParts(load_causal_lm(config.model, plugin=context.plugin), train, evaluation, collate, SFTObjective())
 
 
-def _preference_collate(packing: bool, context: RunContext) -> Callable[[list[dict]], dict]:
-    return functools.partial(pack_preference if packing else pad_preference, pad_token_id=context.tokenizer.pad_token_id)
+def _preference_collate(packing: bool, context: RunContext, share_prompts: bool = False) -> Callable[[list[dict]], dict]:
+    """Packed rows, padded rows, or (packing with shared prompts) whichever of the two computes less per batch."""
+    collate = (pack_or_share_preference if packing and share_prompts else pack_preference if packing
+               else pad_preference)
+    return functools.partial(collate, pad_token_id=context.tokenizer.pad_token_id)
 
 
-def _preference_data(packing: bool, context: RunContext) -> tuple[Callable, list, list | None]:
+def _preference_data(packing: bool, context: RunContext,
+                     share_prompts: bool = False) -> tuple[Callable, list, list | None]:
     """The collate function and the train and eval pairs of a preference stage (rm, dpo, orpo)."""
-    return (_preference_collate(packing, context), _load_split(load_preference_dataset, "train", context),
+    return (_preference_collate(packing, context, share_prompts), _load_split(load_preference_dataset, "train", context),
             _load_split(load_preference_dataset, "eval", context))
+
+
+def _may_share_prompts(config: StageConfig) -> bool:
+    """Whether the policy's forward can run a shared prompt once (`trainer.modeling.shared_prompts.shares_prompts`
+    tells for sure at each call): not under FSDP2 or ColossalAI, not with gradient checkpointing."""
+    return config.parallel.plugin in ("auto", "single", "ddp") and not config.model.gradient_checkpointing
 
 
 def _prepare_rm(config: RewardConfig, context: RunContext) -> StageParts:
@@ -115,7 +133,8 @@ def _load_reference(config: DPOConfig | KTOConfig, path: str | None, key: str, c
 
 def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
     options = config.dpo
-    collate, train, evaluation = _preference_data(options.packing, context)
+    share_prompts = options.share_prompts and _may_share_prompts(config)
+    collate, train, evaluation = _preference_data(options.packing, context, share_prompts)
     reference = None
     if options.needs_reference:
         # Precomputing splits the pairs unevenly across ranks, so that reference loads whole.
@@ -125,12 +144,15 @@ def _prepare_dpo(config: DPOConfig, context: RunContext) -> StageParts:
             use_varlen_attention(reference)
         if options.precompute_ref_log_probs:
             for examples in (train, evaluation or []):
-                _attach_reference_logps(reference, examples, collate, context)
+                _attach_reference_logps(reference, examples, collate, context, share_prompts)
             reference = None  # freed: the batches now carry the reference log-probs
     objective = DPOObjective(beta=options.beta, loss_type=options.loss_types, loss_weights=options.loss_weights,
                              label_smoothing=options.label_smoothing, simpo_gamma=options.simpo_gamma,
-                             discopop_tau=options.discopop_tau, rpo_alpha=options.rpo_alpha, ref_model=reference)
+                             discopop_tau=options.discopop_tau, rpo_alpha=options.rpo_alpha, ref_model=reference,
+                             share_prompts=share_prompts)
     model = load_causal_lm(config.model, plugin=context.plugin)
+    if share_prompts and not shares_prompts(model):  # a sliding window, sharded weights: every sequence whole
+        collate, objective.share_prompts = _preference_collate(options.packing, context), False
     if options.packing:
         use_varlen_attention(model)
     return StageParts(model, train, evaluation, collate, objective)
@@ -157,7 +179,8 @@ def _prepare_orpo(config: ORPOConfig, context: RunContext) -> StageParts:
 
 
 @torch.no_grad()
-def _attach_reference_logps(reference: nn.Module, examples: list[dict], collate: Callable, context: RunContext) -> None:
+def _attach_reference_logps(reference: nn.Module, examples: list[dict], collate: Callable, context: RunContext,
+                            share_prompts: bool = False) -> None:
     """Score every pair once with the reference; ranks split the work and share results by all-reduce."""
     size, world, rank = len(examples), context.env.world_size, context.env.rank
     scores = torch.zeros(2, size, dtype=torch.float64, device=context.plugin.device)  # (chosen|rejected, N)
@@ -166,7 +189,7 @@ def _attach_reference_logps(reference: nn.Module, examples: list[dict], collate:
     for start in range(0, len(mine), batch_size):
         indices = mine[start:start + batch_size]
         batch = to_device(collate([examples[i] for i in indices]), context.plugin.device)
-        chosen, rejected = preference_logps(reference, batch)[0].chunk(2)
+        chosen, rejected = preference_logps(reference, batch, share_prompts=share_prompts)[0].chunk(2)
         scores[0, indices], scores[1, indices] = chosen.double(), rejected.double()
     all_reduce_sum(scores)
     for index, example in enumerate(examples):

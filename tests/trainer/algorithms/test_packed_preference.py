@@ -16,7 +16,7 @@ import torch
 
 from trainer.algorithms.dpo import DPOObjective
 from trainer.algorithms.reward import RewardObjective
-from trainer.data.collate import pack_preference, pad_preference
+from trainer.data.collate import pack_or_share_preference, pack_preference, pad_preference, shared_prompt_tokens
 from trainer.modeling.attention import VARLEN_ATTENTION, use_varlen_attention
 from trainer.modeling.models import ValueHeadModel
 from trainer.tiny.model import build_tiny_llama
@@ -24,15 +24,16 @@ from trainer.tiny.model import build_tiny_llama
 VOCAB, PAD = 40, 0
 
 
-def make_pairs(num_pairs: int, seed: int = 0) -> list[dict]:
+def make_pairs(num_pairs: int, seed: int = 0, prompt_tokens: tuple[int, int] = (2, 6),
+               answer_tokens: tuple[int, int] = (1, 12)) -> list[dict]:
     """Encoded pairs: prompt 2-6 tokens, chosen and rejected answers 1-12 tokens each, drawn independently."""
     rng = random.Random(seed)
     pairs = []
     for _ in range(num_pairs):
-        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 6))]
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(*prompt_tokens))]
         pair = {"margin": rng.uniform(0, 1)}
         for side in ("chosen", "rejected"):
-            answer = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 12))]
+            answer = [rng.randrange(1, VOCAB) for _ in range(rng.randint(*answer_tokens))]
             pair[f"{side}_input_ids"] = prompt + answer
             pair[f"{side}_labels"] = [-100] * len(prompt) + answer
         pairs.append(pair)
@@ -101,6 +102,38 @@ def test_packed_and_padded_reference_logps_agree(attention):
     padded = objective.reference_logps(pad_preference(pairs, PAD))
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
     assert bool((packed < 0).all())  # every sequence has answer tokens, so every sum is a real log-prob
+
+
+@ATTENTIONS
+@pytest.mark.parametrize("loss_type", ["sigmoid", "simpo"])
+def test_shared_prompts_agree_with_the_packed_step(loss_type, attention, monkeypatch):
+    # dpo.share_prompts: a padded batch runs each pair's prompt once, in the policy and the reference; the step
+    # (loss, statistics, gradients) is the packed one's.
+    import trainer.algorithms.dpo as dpo
+
+    shared = []
+    original = dpo.shared_prompt_logits
+    monkeypatch.setattr(dpo, "shared_prompt_logits", lambda *a, **k: shared.append(original(*a, **k)) or shared[-1])
+    pairs = make_pairs(6, prompt_tokens=(8, 12), answer_tokens=(1, 4))
+    policy = build_llama(1, attention)
+    reference = build_llama(2, attention).eval().requires_grad_(False)
+    objective = DPOObjective(beta=0.5, loss_type=loss_type, rpo_alpha=0.3, ref_model=reference, share_prompts=True)
+    padded = pad_preference(pairs, PAD)
+    assert_same_step(objective, policy, pack_preference(pairs, PAD), padded)
+    calls = 1 if loss_type == "simpo" else 2  # SimPO reads no reference
+    assert len(shared) == calls and all(logits is not None for logits in shared)
+    assert shared[0].shape[:2] == (12, padded["input_ids"].shape[1] - 7)  # from the last column of the shortest prompt
+
+
+def test_each_batch_goes_in_the_form_that_computes_fewer_tokens():
+    # Prompts longer than their answers: padded, each prompt run once (8 x 10 + 16 x (16 - 10) = 176 at most,
+    # against 16 x 12 or more packed). Short prompts, long answers of unequal length: packed.
+    long_prompts = make_pairs(8, prompt_tokens=(10, 12), answer_tokens=(1, 4))
+    assert shared_prompt_tokens(long_prompts) < sum(len(p["chosen_input_ids"]) + len(p["rejected_input_ids"])
+                                                    for p in long_prompts)
+    assert "attention_mask" in pack_or_share_preference(long_prompts, PAD)
+    long_answers = make_pairs(8, prompt_tokens=(2, 3), answer_tokens=(5, 40))
+    assert "sequence_ids" in pack_or_share_preference(long_answers, PAD)
 
 
 @ATTENTIONS
