@@ -134,7 +134,9 @@ def evaluate(candidate: str, baseline: str, prompts: str, arguments: dict[str, A
         "reward": {"function": arguments["reward_function"], "model_path": reward_model},
         # Multi-turn episodes in the environment the agent stage trained in, as the evaluate component runs them.
         "environment": {"name": arguments["environment"]} if arguments.get("environment") else None,
-        "generation": {"max_new_tokens": arguments["max_new_tokens"], "temperature": 0.0}})
+        "generation": {"max_new_tokens": arguments["max_new_tokens"],
+                       "temperature": arguments.get("eval_temperature", 0.0)},
+        "samples_per_prompt": arguments.get("eval_samples_per_prompt", 1)})
     metrics = run_evaluation(config)
     # Each model's per-prompt scores, as the evaluation wrote them for its own gate.
     records = [json.loads(line) for line in (output_dir / "per_prompt.jsonl").read_text().splitlines() if line]
@@ -163,8 +165,23 @@ def parameters_key(arguments: dict[str, Any], stage: str) -> str:
     return hashlib.sha1(values.encode()).hexdigest()[:8]
 
 
-def run_pipeline(pipeline: str, arguments: dict[str, Any], seed: int, root: Path) -> dict[str, Any]:
-    """SFT (cached per seed and parameters), the pipeline's stages, then the evaluation against SFT."""
+def stored_stage(root: Path, pipeline: str, seed: int, stage: str, config: dict) -> Path | None:
+    """The output folder of a run of `pipeline` at `seed` under `root` whose `stage` was trained with exactly
+    `config` (its output folder aside) and saved its model; None when there is none."""
+    from trainer.config import build_config
+
+    wanted = {**build_config(stage, config).model_dump(mode="json"), "output_dir": None}
+    for params in sorted(root.glob(f"{pipeline}-{seed}-*/{stage}/params.json")):
+        saved = {**json.loads(params.read_text()), "output_dir": None}
+        if saved == wanted and (params.parent / "model" / "config.json").is_file():
+            return params.parent
+    return None
+
+
+def run_pipeline(pipeline: str, arguments: dict[str, Any], seed: int, root: Path,
+                 reuse: bool = False) -> dict[str, Any]:
+    """SFT (cached per seed and parameters), the pipeline's stages, then the evaluation against SFT. With `reuse`,
+    a stage this root already trained with the same config is evaluated again instead of trained again."""
     sft_dir = root / f"sft-{seed}-{parameters_key(arguments, 'sft')}"
     started = time.monotonic()
     if not (sft_dir / "model" / "config.json").is_file():
@@ -185,7 +202,11 @@ def run_pipeline(pipeline: str, arguments: dict[str, Any], seed: int, root: Path
         output_dir = sft_dir / f"rm-{parameters_key(arguments, 'rm')}" if stage == "rm" else run_dir / stage
         if stage != "rm" or not (output_dir / "model" / "config.json").is_file():
             config = stage_config_for(stage, arguments, artifacts, seed, output_dir)
-            stage_metrics[stage] = train(stage, config)
+            stored = stored_stage(root, pipeline, seed, stage, config) if reuse and stage != "rm" else None
+            if stored is not None:
+                output_dir = stored
+            else:
+                stage_metrics[stage] = train(stage, config)
         if stage == "rm":
             reward_model = str(output_dir / "model")
             stage_metrics[stage] = json.loads((output_dir / "final_metrics.json").read_text())
@@ -299,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="Override a pipeline parameter of the preset; dict values merge into the preset's.")
     parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--reuse", action="store_true",
+                        help="Evaluate again the stages this --root already trained with the same config, instead of "
+                             "training them again (for a change to the evaluation only).")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
                         help="Rerun everything under these numerics variants (subprocesses, one after another) and "
                              "print a seeds x variants table per preset and pipeline.")
@@ -329,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
             is_merge = isinstance(value, dict) and isinstance(arguments.get(name), dict)
             arguments[name] = {**arguments[name], **value} if is_merge else value
         for seed in args.seeds:
-            row = {"preset": preset, **run_pipeline(pipeline, arguments, seed, args.root)}
+            row = {"preset": preset, **run_pipeline(pipeline, arguments, seed, args.root, args.reuse)}
             print(json.dumps(row), flush=True)
             results.setdefault((preset, pipeline), []).append(row)
     for (preset, pipeline), rows in results.items():

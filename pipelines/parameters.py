@@ -63,6 +63,12 @@ SHARED = {
     "gate_guard_tolerance": "How far a guard may fall, at gate_confidence, before it refuses the candidate: the "
                             "checkable reward where a reward model is judged (reward hacking), the share of agent "
                             "episodes whose tool calls were all valid.",
+    "eval_samples_per_prompt": "Answers the evaluation samples per held-out prompt; each prompt's score is their "
+                               "mean. 1 with eval_temperature 0: one greedy answer. Several (16) at a low "
+                               "temperature (0.3) measure each model's chance of a right answer, which lets the gate "
+                               "confirm a gain on fewer prompts (docs/pipelines.md, \"The gate\").",
+    "eval_temperature": "Sampling temperature of the evaluation's answers; 0 is greedy (then eval_samples_per_prompt "
+                        "must be 1).",
     "registered_model_name": "MLflow registered model the candidate becomes a new version of when the gate opens "
                              "(it beat the SFT baseline with confidence); its `champion` is scored beside it.",
 }

@@ -36,6 +36,8 @@ def rlhf_dpo(
     gate_confidence: float = 0.95,
     gate_min_effect: float = 0.05,
     gate_guard_tolerance: float = 0.05,
+    eval_samples_per_prompt: int = 1,
+    eval_temperature: float = 0.0,
     registered_model_name: str = "alignflow-dpo",
 ):
     datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
@@ -50,4 +52,5 @@ def rlhf_dpo(
 
     sft_then_align("rlhf-dpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), dpo, reward_function, max_new_tokens, registered_model_name,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
+                         eval_temperature))

@@ -43,6 +43,8 @@ def rlhf_kto(
     gate_confidence: float = 0.95,
     gate_min_effect: float = 0.05,
     gate_guard_tolerance: float = 0.05,
+    eval_samples_per_prompt: int = 1,
+    eval_temperature: float = 0.0,
     registered_model_name: str = "alignflow-kto",
 ):
     """SFT, then KTO on unpaired feedback, evaluated against the SFT model and registered if better."""
@@ -59,4 +61,5 @@ def rlhf_kto(
 
     sft_then_align("rlhf-kto", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), kto, reward_function, max_new_tokens, registered_model_name,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
+                         eval_temperature))

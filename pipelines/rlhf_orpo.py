@@ -41,6 +41,8 @@ def rlhf_orpo(
     gate_confidence: float = 0.95,
     gate_min_effect: float = 0.05,
     gate_guard_tolerance: float = 0.05,
+    eval_samples_per_prompt: int = 1,
+    eval_temperature: float = 0.0,
     registered_model_name: str = "alignflow-orpo",
 ):
     """SFT, then ORPO on preference pairs, evaluated against the SFT model and registered if better."""
@@ -57,4 +59,5 @@ def rlhf_orpo(
     sft_then_align("rlhf-orpo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), orpo, reward_function, max_new_tokens,
                    registered_model_name,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
+                         eval_temperature))

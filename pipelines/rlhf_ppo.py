@@ -42,6 +42,8 @@ def rlhf_ppo(
     gate_confidence: float = 0.95,
     gate_min_effect: float = 0.05,
     gate_guard_tolerance: float = 0.05,
+    eval_samples_per_prompt: int = 1,
+    eval_temperature: float = 0.0,
     registered_model_name: str = "alignflow-ppo",
     rollout_engine: str = "hf",
 ):
@@ -63,4 +65,5 @@ def rlhf_ppo(
     sft_then_align("rlhf-ppo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
                    (sft_lr, sft_epochs, sft_settings), reward_model_then_ppo, reward_function, max_new_tokens,
                    registered_model_name, rollout_engine,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance))
+                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
+                         eval_temperature))

@@ -91,7 +91,7 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                           cluster: dict, reward_function: str, max_new_tokens: int, registered_model_name: str,
                           lineage: dsl.PipelineTask, pipeline: str, scheduling: dict,
                           reward_model: dsl.PipelineTask | None = None, rollout_engine: str = "hf",
-                          environment: str = "", *, gate: tuple[float, float, float]) -> None:
+                          environment: str = "", *, gate: tuple[float, float, float, int, float]) -> None:
     """Compare the candidate with the baseline on held-out prompts; register it only if it is confidently better.
 
     The evaluation scores the registry's current champion too, in the same job on the same prompts,
@@ -99,11 +99,12 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
     decides. `gate` is (confidence, minimum effect, guard tolerance): the candidate is registered (alias
     `candidate`) when the lower confidence bound of its gain over the baseline clears the minimum effect
     and no guard falls, and `champion` moves when the same holds against the champion (docs/pipelines.md,
-    "The gate"). Neither step is cached: the champion changes between runs. `rollout_engine` samples the
+    "The gate"). `gate` ends with the samples per prompt and their temperature (1 and 0: one greedy
+    answer each). Neither step is cached: the champion changes between runs. `rollout_engine` samples the
     answers (`hf`, or `vllm` on the trainer image's vLLM variant); with an `environment`, each held-out
     prompt is a multi-turn episode in it.
     """
-    confidence, min_effect, guard_tolerance = gate
+    confidence, min_effect, guard_tolerance, samples_per_prompt, temperature = gate
     extra = {"reward_model": reward_model.outputs["model"]} if reward_model is not None else {}
     if environment:
         extra["environment"] = environment
@@ -113,6 +114,7 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
                                         parent_run_id=lineage.output, scheduling=scheduling,
                                         rollout_engine=rollout_engine, gate_confidence=confidence,
                                         gate_min_effect=min_effect, gate_guard_tolerance=guard_tolerance,
+                                        samples_per_prompt=samples_per_prompt, temperature=temperature,
                                         **cluster, **extra))
     evaluation.set_caching_options(False)  # it scores whichever version is the champion now
     with dsl.If(evaluation.outputs["Output"] == "register", name="gate-opens"):
@@ -143,7 +145,7 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
                    align: Callable[[dsl.PipelineTask, dsl.PipelineTask, dict], Candidate],
                    reward_function: str, max_new_tokens: int, registered_model_name: str,
                    rollout_engine: str = "hf", environment: str = "", *,
-                   gate: tuple[float, float, float]) -> None:
+                   gate: tuple[float, float, float, int, float]) -> None:
     """The whole frame of every pipeline: what comes before and after the stages that make the candidate.
 
     Lineage first, then inside the exit handler: the inputs, SFT from the base model, `align(sft, inputs,
@@ -164,7 +166,8 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         registered_model_name: The registry name the gate registers under.
         rollout_engine: What samples the evaluation's answers (`hf`, or `vllm`).
         environment: With a name, each held-out prompt is evaluated as a multi-turn episode in that environment.
-        gate: The gate's (confidence, minimum effect, guard tolerance) (`evaluate_and_register`).
+        gate: The gate's (confidence, minimum effect, guard tolerance, samples per prompt, temperature)
+            (`evaluate_and_register`).
     """
     lineage = open_run(pipeline, base_model_uri, dataset_sha256, **datasets)
     stage = stage_arguments(cluster, lineage, scheduling)

@@ -26,6 +26,8 @@ def evaluate_model(
     gate_confidence: float = 0.95,
     gate_min_effect: float = 0.05,
     gate_guard_tolerance: float = 0.05,
+    samples_per_prompt: int = 1,
+    temperature: float = 0.0,
     trainer_image: str = "",
     num_nodes: int = 1,
     gpus_per_node: int = 1,
@@ -33,8 +35,8 @@ def evaluate_model(
     job_root: str = "",
     scheduling: dict = {},
 ) -> str:
-    """Score greedy responses of a model, a baseline and the current champion on held-out prompts, in a job
-    on a GPU node, and decide the registration gate.
+    """Score responses of a model, a baseline and the current champion on held-out prompts (greedy, or the mean
+    of several samples per prompt), in a job on a GPU node, and decide the registration gate.
 
     The component launches `python -m trainer evaluate` as a training job (like the training
     stages), so generation runs where the GPUs are; this pod resolves the champion, waits, logs the
@@ -76,6 +78,8 @@ def evaluate_model(
             `gate_confidence`, in the judged metric's units (a share of the prompts for a 0/1 reward).
         gate_guard_tolerance: How far a guard (the checkable reward where a reward model is judged; the share of
             agent episodes with only valid tool calls) may fall, at `gate_confidence`, before it refuses.
+        samples_per_prompt: Answers sampled per prompt; each prompt's score is their mean (1: one answer).
+        temperature: Sampling temperature; 0 is greedy, and then `samples_per_prompt` must be 1.
         trainer_image: Image of the training job; empty uses the platform's trainer image.
         num_nodes: Nodes (pods) of the job.
         gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).

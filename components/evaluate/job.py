@@ -24,7 +24,7 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
     if not params.get("reward_function") and reward_model is None:
         raise PipelineError("evaluate_model: give reward_function, reward_model or both")
     trained = params["model"].metadata or {}
-    generation = {"max_new_tokens": params["max_new_tokens"], "temperature": 0.0}
+    generation = {"max_new_tokens": params["max_new_tokens"], "temperature": params.get("temperature", 0.0)}
     environment = None
     if params.get("environment"):
         environment = {**(trained.get("environment") or {}), "name": params["environment"]}
@@ -38,6 +38,7 @@ def evaluation_config(params: dict[str, Any], champion: Champion | None = None) 
         "reward": {"function": params.get("reward_function") or None,
                    "model_path": reward_model.uri if reward_model is not None else None},
         "generation": generation,
+        "samples_per_prompt": params.get("samples_per_prompt", 1),
         "rollout": {"engine": params.get("rollout_engine") or "hf"},
         "environment": environment,
         "gate": {key: params[f"gate_{key}"] for key in ("confidence", "min_effect", "guard_tolerance")

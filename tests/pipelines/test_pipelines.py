@@ -227,21 +227,18 @@ def test_a_later_run_scores_the_champion_live_beside_its_candidate(local_run, tm
         assert str(client.get_model_version_by_alias("alignflow-dpo", "champion").version) == ("2" if beats else "1")
 
 
-# What each run's gate decides on every seed and numerics variant measured (6 seeds x 5 variants,
-# benchmarks/tiny_preset.md); None where it depends on the seed and the CPU's rounding: on the 20 held-out prompts
-# the gate needs about +0.30 with no answer lost, which DPO and ORPO gain everywhere and PPO, GRPO and KTO do not.
-# The reward-hacking run is refused everywhere, and its accuracy guard falls everywhere.
+# What each run's gate decides: on every seed and numerics variant measured (6 seeds x 5 variants,
+# benchmarks/tiny_preset.md) each tiny candidate is registered and the reward-hacking run is refused by its
+# accuracy guard. The evaluation scores each of the 20 held-out prompts by the mean of 16 sampled answers
+# (`TINY_EVALUATION`), so a gain shows as a confident one on 20 prompts.
 GATE_OPENS = {
     ("tiny", "rlhf-dpo"): True,
-    ("tiny", "rlhf-ppo"): None,
+    ("tiny", "rlhf-ppo"): True,
     ("tiny-reward-hacking", "rlhf-ppo"): False,
-    ("tiny", "rlhf-grpo"): None,
-    ("tiny", "rlhf-kto"): None,
+    ("tiny", "rlhf-grpo"): True,
+    ("tiny", "rlhf-kto"): True,
     ("tiny", "rlhf-orpo"): True,
 }
-# The least the candidate gained in held-out answers over SFT in those 30 runs (wins minus losses), where it
-# gained on all of them; KTO lost answers on some.
-LEAST_NET_WINS = {"rlhf-dpo": 7, "rlhf-orpo": 7, "rlhf-ppo": 2, "rlhf-grpo": 1}
 # The runs `make test` makes (each a whole pipeline through kfp.local, 41-82 s on 2 cores): every gate. A run made
 # `slow` here leaves `make test` (docs/testing.md).
 IN_SUITE = set(GATE_OPENS)
@@ -285,8 +282,7 @@ def test_the_gate_decides_from_the_paired_scores_and_refuses_reward_hacking(pres
         comparison.lower_bound)
     accuracy = compare_paired([r["candidate"]["reward"] for r in records], [r["baseline"]["reward"] for r in records],
                               confidence=0.95)
-    if preset == "tiny" and name in LEAST_NET_WINS:
-        assert accuracy.wins - accuracy.losses >= LEAST_NET_WINS[name], accuracy
+    assert accuracy.method == "bootstrap"  # means of 16 samples a prompt, not one 0/1 verdict
     if name == "rlhf-ppo":  # the reward-hacking guard: the checker's reward may not fall
         assert evaluation["gate/guard/reward/holds"] == float(accuracy.lower_bound >= -0.05), evaluation
         if preset == "tiny-reward-hacking":

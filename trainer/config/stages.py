@@ -434,7 +434,22 @@ class EvaluateConfig(Section):
     environment: EnvironmentConfig | None = Field(
         None, description="Score multi-turn episodes in this environment (as the online stage trained them); null "
         "scores one response per prompt.")
+    samples_per_prompt: int = Field(1, ge=1, le=1024, description=(
+        "Answers sampled per held-out prompt; each prompt's score is their mean, the model's chance of a good "
+        "answer there. More than 1 needs `generation.temperature` > 0. A mean of several samples moves with every "
+        "gain in probability, where one greedy answer moves only when the best answer changes, so the gate "
+        "separates two models on fewer prompts (docs/pipelines.md, \"The gate\")."))
+    seed: int = Field(0, description=(
+        "Seed of the sampling, set again before each model is scored, so every model draws the same random "
+        "numbers (a paired comparison with less noise) and a rerun gives the same answers."))
     gate: GateConfig = Field(default_factory=GateConfig, description="The registration gate's statistics.")
+
+    @model_validator(mode="after")
+    def _sampling_needs_a_temperature(self) -> EvaluateConfig:
+        if self.samples_per_prompt > 1 and self.generation.temperature == 0:
+            raise ValueError(f"samples_per_prompt is {self.samples_per_prompt} but generation.temperature is 0: "
+                             "greedy answers are all the same; set a temperature above 0 or one sample")
+        return self
 
 
 # Every config `python -m trainer <command>` reads.

@@ -10,7 +10,8 @@ function and, optionally, a reward model, and writes `final_metrics.json` (`rewa
 `champion_rm_score`; with an `environment`, each model's `tool_calls_per_episode` and
 `valid_tool_call_fraction` too; the gate's `gate/*` and `champion_gate/*` numbers), `samples.jsonl` (the
 models' answers side by side), `gate.json` (each decision and the sentence that explains it) and
-`per_prompt.jsonl` (every held-out row's values per model). The gate compares the models prompt by prompt
+`per_prompt.jsonl` (every held-out row's values per model: the means over its `samples_per_prompt` answers,
+sampled from the same seed for every model). The gate compares the models prompt by prompt
 (`judge`, with the statistics of `trainer.online.paired_gate`).
 """
 
@@ -175,7 +176,9 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     env = read_distributed_env()
     device = pick_device(env)
     init_process_group(env, device)
-    rows = load_rows(config.prompts_path, "prompt", skip_bad_rows=False).examples
+    prompts = load_rows(config.prompts_path, "prompt", skip_bad_rows=False).examples
+    repeats = config.samples_per_prompt
+    rows = [row for row in prompts for _ in range(repeats)]  # each prompt's samples side by side
     scorers, names = build_scorers(config, device)
     collector.resume()  # the models load one at a time below; the imports and the scorers are done
     metrics: dict[str, float] = {}
@@ -189,14 +192,16 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     for prefix, path in models.items():
         tokenizer, agent = tokenizers[prefix], agents[prefix]
         engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
+        torch.manual_seed(config.seed)  # every model draws the same random numbers
         try:
             values, rollouts = score_rows(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
                                           env.world_size, config.batch_size, agent=agent)
         finally:
             engine.close()  # one model's engine at a time
-        per_row[prefix] = {name: row.tolist() for name, row in zip([*names, *ROW_FIELDS], values.cpu())}
-        per_row[prefix]["valid_tool_calls"] = [float(errors == 0) for errors in per_row[prefix]["tool_errors"]]
-        means = [sum(per_row[prefix][name]) / max(len(rows), 1) for name in names]
+        per_sample = {name: row.tolist() for name, row in zip([*names, *ROW_FIELDS], values.cpu())}
+        per_sample["valid_tool_calls"] = [float(errors == 0) for errors in per_sample["tool_errors"]]
+        per_row[prefix] = {name: prompt_means(column, repeats) for name, column in per_sample.items()}
+        means = [sum(per_row[prefix][name]) / max(len(prompts), 1) for name in names]
         metrics.update({f"{prefix}{name}": value for name, value in zip(names, means)})
         if agent is not None:  # multi-turn episodes: how the model used its tools
             counts = tool_call_counts(per_row[prefix]["tool_calls"], per_row[prefix]["tool_errors"])
@@ -213,12 +218,18 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
         logger.info("gate: %s", decision.reason)
     if env.is_main_process:
         write_results(config.output_dir, metrics, side_by_side(samples), decisions,
-                      per_prompt_rows(rows, per_row))
+                      per_prompt_rows(prompts, per_row))
     return metrics
 
 
+def prompt_means(values: list[float], repeats: int) -> list[float]:
+    """Each prompt's mean over its `repeats` consecutive samples."""
+    return [sum(values[start:start + repeats]) / repeats for start in range(0, len(values), repeats)]
+
+
 def per_prompt_rows(rows: list[dict], per_row: dict[str, dict[str, list[float]]]) -> list[dict]:
-    """One record per held-out row: its prompt and each model's values (what the gate's statistics read)."""
+    """One record per held-out row: its prompt and each model's values, means over its samples (what the gate's
+    statistics read)."""
     return [{"prompt": str(row["prompt"]),
              **{prefix.rstrip("_") or "candidate": {name: values[index] for name, values in named.items()}
                 for prefix, named in per_row.items()}}
@@ -226,9 +237,14 @@ def per_prompt_rows(rows: list[dict], per_row: dict[str, dict[str, list[float]]]
 
 
 def side_by_side(samples: dict[str, list[dict]]) -> list[dict]:
-    """The first prompts with each model's response and score, for the report."""
-    rows = []
-    for index, candidate in enumerate(samples["candidate"][:SAMPLES_KEPT]):
+    """The first prompts with each model's response and score, for the report (one sample of each prompt)."""
+    rows, shown = [], set()
+    for index, candidate in enumerate(samples["candidate"]):
+        if len(rows) == SAMPLES_KEPT:
+            break
+        if candidate["prompt"] in shown:
+            continue  # another sample of a prompt already shown
+        shown.add(candidate["prompt"])
         row = {"prompt": candidate["prompt"], "response": candidate["response"], "score": candidate["score"]}
         for prefix in ("baseline_", "champion_"):
             if prefix in samples and index < len(samples[prefix]):

@@ -192,3 +192,15 @@ def test_an_agent_is_evaluated_with_the_turns_tools_and_stop_tokens_its_stage_tr
     assert config["generation"] == {"max_new_tokens": 80, "temperature": 0.0, "stop": ["<|end|>"]}
     # Without an environment the stage's section is not used: one answer per prompt.
     assert evaluation_config({**params, "environment": ""})["environment"] is None
+
+
+def test_the_evaluation_samples_as_the_pipeline_asks():
+    from components.evaluate.job import evaluation_config
+
+    params = {"model": dsl.Model(uri="/m"), "baseline": dsl.Model(uri="/b"), "prompts": dsl.Dataset(uri="/p"),
+              "reward_function": "tiny_addition", "max_new_tokens": 4, "samples_per_prompt": 16, "temperature": 0.3}
+    config = evaluation_config(params)
+    assert config["samples_per_prompt"] == 16 and config["generation"] == {"max_new_tokens": 4, "temperature": 0.3}
+    greedy = evaluation_config({key: value for key, value in params.items() if key not in ("samples_per_prompt",
+                                                                                           "temperature")})
+    assert greedy["samples_per_prompt"] == 1 and greedy["generation"]["temperature"] == 0.0

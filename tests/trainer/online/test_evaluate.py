@@ -13,10 +13,10 @@ from trainer.online.engines import HFGenerateEngine
 from trainer.tiny.task import check_answer
 
 
-def evaluate(tmp_path, candidate, baseline, prompts, **reward) -> dict:
+def evaluate(tmp_path, candidate, baseline, prompts, sampling: dict | None = None, **reward) -> dict:
     config = {"output_dir": str(tmp_path / "out"), "model": {"path": str(candidate)}, "baseline_path": str(baseline),
               "prompts_path": str(prompts), "generation": {"max_new_tokens": 4, "temperature": 0.0},
-              "reward": reward or {"function": "trainer.tiny.task:reward"}}
+              "reward": reward or {"function": "trainer.tiny.task:reward"}, **(sampling or {})}
     (tmp_path / "evaluate.yaml").write_text(yaml.safe_dump(config))
     assert main(["evaluate", "--config", str(tmp_path / "evaluate.yaml")]) == 0
     return json.loads((tmp_path / "out" / "final_metrics.json").read_text())
@@ -49,6 +49,36 @@ def test_reward_is_the_fraction_of_checked_answers_and_improvement_the_differenc
     gate = json.loads((tmp_path / "out" / "gate.json").read_text())
     assert gate["baseline"]["opens"] == bool(metrics["gate/opens"]) and "reward" in gate["baseline"]["reason"]
     assert set(gate) == {"baseline"}  # no champion was given
+
+
+def test_sampled_answers_score_each_prompt_by_their_mean_with_the_same_draws_for_every_model(tmp_path, sft_model,
+                                                                                          task_files):
+    """16 answers a prompt at temperature 1: each prompt's score is a mean of 16 verdicts, and the same model as
+    candidate and baseline draws the same answers (the seed is set again per model), so they tie on every prompt."""
+    sampling = {"samples_per_prompt": 16, "generation": {"max_new_tokens": 4, "temperature": 1.0}}
+    metrics = evaluate(tmp_path, sft_model, sft_model, task_files["eval_prompts"], sampling)
+    rows = [json.loads(line) for line in task_files["eval_prompts"].read_text().splitlines()]
+    per_prompt = [json.loads(line) for line in (tmp_path / "out" / "per_prompt.jsonl").read_text().splitlines()]
+    assert [record["prompt"] for record in per_prompt] == [row["prompt"] for row in rows]  # one record a prompt
+    ours = [record["candidate"]["reward"] for record in per_prompt]
+    assert ours == [record["baseline"]["reward"] for record in per_prompt]
+    assert all(value * 16 == round(value * 16) for value in ours)
+    assert any(0 < value < 1 for value in ours)  # sampled: some prompts answered right only some of the time
+    assert metrics["reward"] == pytest.approx(sum(ours) / len(rows)) and metrics["gate/difference"] == 0.0
+    samples = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert len({sample["prompt"] for sample in samples}) == len(samples)  # the report shows each prompt once
+    (tmp_path / "again").mkdir()
+    rerun = evaluate(tmp_path / "again", sft_model, sft_model, task_files["eval_prompts"], sampling)
+    assert rerun["reward"] == metrics["reward"]
+
+
+def test_several_answers_a_prompt_need_a_temperature(tmp_path, sft_model, task_files):
+    from trainer.config import EvaluateConfig
+
+    with pytest.raises(ValueError, match="samples_per_prompt is 4 but generation.temperature is 0"):
+        EvaluateConfig.model_validate({"output_dir": str(tmp_path), "model": {"path": str(sft_model)},
+                                       "prompts_path": str(task_files["eval_prompts"]),
+                                       "reward": {"function": "tiny_addition"}, "samples_per_prompt": 4})
 
 
 def test_a_reward_model_score_is_reported_beside_the_checker(tmp_path, sft_model, tiny_model, task_files):
