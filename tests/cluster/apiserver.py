@@ -47,8 +47,11 @@ RESOURCES = {
     "trainjobs": ("trainer.kubeflow.org", True, "TrainJob", "v1alpha1"),
     "trainingruntimes": ("trainer.kubeflow.org", True, "TrainingRuntime", "v1alpha1"),
     "clustertrainingruntimes": ("trainer.kubeflow.org", False, "ClusterTrainingRuntime", "v1alpha1"),
-    "workloads": ("kueue.x-k8s.io", True, "Workload", "v1beta1"),  # Kueue's, written by tests as Kueue would
+    "workloads": ("kueue.x-k8s.io", True, "Workload", "v1beta2"),  # Kueue's, written by tests as Kueue would
 }
+# Resources served at more versions than their storage one: Kueue 0.15+ serves Workloads at v1beta2 (storage) and
+# the deprecated v1beta1; `ApiServer.versions` narrows it (an older Kueue serves v1beta1 only).
+SERVED_VERSIONS = {"workloads": ("v1beta2", "v1beta1")}
 CUSTOM_RESOURCES = {"pytorchjobs", "trainjobs", "trainingruntimes", "clustertrainingruntimes"}
 TRAINING_OPERATOR = frozenset({"pytorchjobs"})
 KUBEFLOW_TRAINER = frozenset({"trainjobs", "trainingruntimes", "clustertrainingruntimes"})
@@ -128,6 +131,8 @@ class ApiServer:
         self.authorizer = Authorizer()
         self.serves = frozenset(serves)
         """The custom resources this cluster has CRDs for; the others answer 404 like any unknown path."""
+        self.versions: dict[str, tuple[str, ...]] = dict(SERVED_VERSIONS)
+        """resource -> the API versions it is served at (default: `RESOURCES`' one); another answers 404."""
         self.trainer_release = ""
         """Whose CRDs Kubeflow Trainer's resources are checked against (`tests.schemas.TRAINER_RELEASES`)."""
         self.admission: dict[str, Callable[[dict], list[str]]] = {}
@@ -200,7 +205,10 @@ class ApiServer:
             pruned = [p.removeprefix("unknown field ") for p in problems if p.startswith("unknown field ")]
         return errors, pruned
 
-    def is_served(self, resource: str) -> bool:
+    def is_served(self, resource: str, version: str | None = None) -> bool:
+        """Whether `resource` (at `version`, where the path names one) is served here."""
+        if version is not None and version not in self.versions.get(resource, (RESOURCES[resource][3],)):
+            return False
         return resource not in CUSTOM_RESOURCES or resource in self.serves
 
     def discovery(self, group: str, version: str) -> dict | None:

@@ -55,7 +55,8 @@ class Routes:
         if discovery:
             return self._discovery(discovery.group("group"), discovery.group("version"))
         match = CORE.match(url.path) or GROUP.match(url.path)
-        if not match or match.group("res") not in RESOURCES or not api.is_served(match.group("res")):
+        version = match.groupdict().get("version") if match else None
+        if not match or match.group("res") not in RESOURCES or not api.is_served(match.group("res"), version):
             return self.send_status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
         resource, namespace = match.group("res"), match.group("ns") or ""
         name, sub = match.group("name"), match.group("sub")

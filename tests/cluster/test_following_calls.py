@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 from tests.cluster.test_emulated_trainer import NS, launcher_for, shell_request, trainer_cluster  # noqa: F401
 
 CHART_POLL_SECONDS = 10  # scheduling.pollSeconds' default: what a minute of a real job costs
@@ -63,3 +65,29 @@ def test_a_trainjob_kueue_holds_is_reported_as_queued_with_the_queues_reason(tra
     [state] = kind.follower(NS, "queued", RetryPolicy()).states(0)
     assert state == JobState("Queued", f"queued by Kueue in queue gpu-queue: {why}")
     assert trainer_cluster.pods(NS, "jobset.sigs.k8s.io/jobset-name=queued") == []  # nothing runs while queued
+
+
+@pytest.mark.parametrize("served", [("v1beta2",), ("v1beta1",)], ids=["kueue-0.15-storage-version", "older-kueue"])
+def test_kueues_reason_is_read_at_v1beta2_first_and_at_v1beta1_where_only_that_is_served(trainer_cluster,  # noqa: F811
+                                                                                        served, monkeypatch):
+    from kubernetes import client as k8s
+
+    from components.launcher.kinds.interface import JobState
+    from components.launcher.shared.retry import RetryPolicy
+
+    monkeypatch.setitem(trainer_cluster.api.versions, "workloads", served)
+    job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": f"queued-{served[0]}", "labels": {"kueue.x-k8s.io/queue-name": "gpu-queue"}},
+           "spec": {"runtimeRef": {"name": "af-alignflow-torch", "kind": "TrainingRuntime"}, "suspend": True}}
+    created = k8s.CustomObjectsApi(trainer_cluster.client()).create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", job)
+    trainer_cluster.store.create("workloads", {
+        "metadata": {"name": f"trainjob-{served[0]}", "namespace": NS,
+                     "labels": {"kueue.x-k8s.io/job-uid": created["metadata"]["uid"]}},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                   "message": "insufficient unused quota"}]}})
+    before = len(trainer_cluster.api.calls("list", "workloads"))
+    [state] = launcher_for(trainer_cluster).kind.follower(NS, job["metadata"]["name"], RetryPolicy()).states(0)
+    assert state == JobState("Queued", "queued by Kueue in queue gpu-queue: insufficient unused quota")
+    # One list answered (the stand-in answers an unserved version's 404 before it logs a request).
+    assert len(trainer_cluster.api.calls("list", "workloads")) - before == 1

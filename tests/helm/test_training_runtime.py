@@ -36,6 +36,16 @@ def test_the_pods_get_what_a_trainjob_cannot_patch():
     assert (node["name"], node["image"]) == ("node", "registry.corp/ml/trainer:7")
 
 
+def test_the_trainer_pods_carry_the_ancestor_step_label_a_network_policy_selects():
+    """Trainer's own runtimes label the Job template; a Job's labels do not reach its pods, so the pod template
+    carries the label too (what a NetworkPolicy in front of Trainer's status server selects by)."""
+    [runtime] = runtimes({})
+    [node] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    label = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert node["template"]["metadata"]["labels"] == label
+    assert node["template"]["spec"]["template"]["metadata"]["labels"] == label
+
+
 def test_preemption_restarts_without_counting_and_real_failures_count():
     [runtime] = runtimes({"training": {"runtime": {"maxRestarts": 5}}})
     jobset = runtime["spec"]["template"]["spec"]

@@ -7,14 +7,17 @@ Where the feature gate is on, Trainer's `TrainJobStatus` plugin gives every trai
 `KUBEFLOW_TRAINER_SERVER_TOKEN` (a file: a projected service-account token whose audience names this TrainJob,
 good for nothing else, refreshed by the kubelet). A status update is one POST of
 `{"trainerStatus": {progressPercentage, estimatedRemainingSeconds, metrics: [{name, value}], lastUpdatedTime}}`
-with the token as a bearer token; the controller checks the token came from a pod of that TrainJob and writes the
-status. This is the contract the Kubeflow SDK's `update_trainjob_status` speaks; the trainer image carries no SDK,
+with the token as a bearer token; the controller verifies it against the cluster's service-account issuer
+(signature, expiry, this TrainJob's audience) and that it was issued in the TrainJob's namespace (not which pod
+sent it), and writes the status. This is the contract the Kubeflow SDK's `update_trainjob_status` speaks; the trainer image carries no SDK,
 so it is spoken here with the standard library.
 
 `TrainJobStatusReporter` is a `Tracker`: it reads the metrics the loops already log (`loss`,
 `perf/tokens_per_second`, `episode/reward_mean`, and the loops' `progress/*` counters) and keeps only the latest.
 A background thread sends them at most once per `min_interval_seconds` (only when something changed), so the
-training loop never waits on the controller; `close` sends the last state once. A failed send is logged once and
+training loop never waits on the controller; `close` sends the last state once, within `CLOSE_SECONDS` (3 s) in
+all, and not to an endpoint whose last send failed (so an absent one costs the exit, and a preempted pod's grace
+period, at most that). A failed send is logged once and
 otherwise ignored: progress is a courtesy, never a reason to stop training.
 
 Without the variables (a PyTorchJob, an older Trainer, the gate off, a local run) no reporter is built.
@@ -41,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 10.0  # at most one update this often (the SDK's own floor is 5 s)
 REQUEST_TIMEOUT_SECONDS = 5.0
+# The most `close` waits, whatever the endpoint does: it runs on the way out, the preemption path's too, where
+# the grace period is short. An endpoint that failed the last send is taken to be away and not asked again.
+CLOSE_SECONDS = 3.0
 MAX_FIELD_CHARS = 64  # the CRD's limit on a metric's name and value
 # Metric keys the loops log -> the names shown in the TrainJob (KEP-2779's examples use camelCase).
 REPORTED = {
@@ -120,13 +126,13 @@ class StatusEndpoint:
         self.token_path = Path(env.token_path) if env.token_path else None
         self.context = ssl.create_default_context(cafile=env.ca_cert_path or None)
 
-    def send(self, trainer_status: dict[str, Any]) -> None:
-        """Raises OSError (urllib's errors among them) when the update is not accepted."""
+    def send(self, trainer_status: dict[str, Any], timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
+        """Raises OSError (urllib's errors among them) when the update is not accepted within `timeout` seconds."""
         token = self.token_path.read_text().strip() if self.token_path else ""
         request = urllib.request.Request(self.url, data=json.dumps({"trainerStatus": trainer_status}).encode(),
                                          method="POST", headers={"Content-Type": "application/json",
                                                                  "Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
             response.read()
 
 
@@ -147,6 +153,7 @@ class TrainJobStatusReporter:
         self._lock = threading.Condition()
         self._closing = False
         self._has_warned = False
+        self._last_send_failed = False
         self._sender = threading.Thread(target=self._send_loop, name="trainjob-status", daemon=True)
         self._sender.start()
 
@@ -162,11 +169,16 @@ class TrainJobStatusReporter:
         pass
 
     def close(self) -> None:
+        """Send the last state, whatever the interval, within `CLOSE_SECONDS` in all; not where a send still
+        hangs or the last one failed (the endpoint is away: waiting on it again would only delay the exit)."""
+        deadline = time.monotonic() + CLOSE_SECONDS
         with self._lock:
             self._closing = True
             self._lock.notify_all()
-        self._sender.join(timeout=2 * REQUEST_TIMEOUT_SECONDS)
-        self._send_latest()  # the last state, whatever the interval
+        self._sender.join(timeout=CLOSE_SECONDS)
+        if self._sender.is_alive() or self._last_send_failed:
+            return
+        self._send_latest(timeout=max(0.1, deadline - time.monotonic()))
 
     def _send_loop(self) -> None:
         while True:
@@ -179,19 +191,21 @@ class TrainJobStatusReporter:
             with self._lock:  # the rate bound: wait out the interval (close ends the wait)
                 self._lock.wait_for(lambda: self._closing, timeout=self.min_interval_seconds)
 
-    def _send_latest(self) -> None:
+    def _send_latest(self, timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
         with self._lock:
             if self.state.version == self._sent_version:
                 return
             version, payload = self.state.version, self.state.trainer_status()
         try:
-            self.endpoint.send(payload)
+            self.endpoint.send(payload, timeout)
         except (OSError, ValueError) as err:
+            self._last_send_failed = True
             if not self._has_warned:
                 logger.warning("cannot report progress to the TrainJob (%s); training goes on, later failures are "
                                "not logged", redact_text(str(err)))
                 self._has_warned = True
             return
+        self._last_send_failed = False
         with self._lock:
             self._sent_version = max(self._sent_version, version)
             self.num_sent += 1

@@ -90,6 +90,36 @@ def test_a_refused_update_never_reaches_training(status_server, tmp_path, caplog
     assert sum("cannot report progress" in record.message for record in caplog.records) == 1
 
 
+@pytest.mark.parametrize("endpoint", ["silent", "refusing"])
+def test_an_absent_status_endpoint_costs_the_exit_at_most_a_few_seconds(status_server, tmp_path, endpoint):
+    """A controller that accepts the connection and never answers (a hung endpoint) or no listener at all: `close`
+    returns within CLOSE_SECONDS, however many states are left to send (it used to wait up to 15 s)."""
+    import socket
+
+    from trainer.tracking.trainjob_status import CLOSE_SECONDS
+
+    server, cert = status_server
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    if endpoint == "silent":
+        listener.listen(8)  # connections complete in the kernel's backlog; nobody reads or answers
+    port = listener.getsockname()[1]
+    env = env_for(server, cert, tmp_path)
+    env = TrainJobStatusEnv(url=f"https://127.0.0.1:{port}/apis/x", ca_cert_path=env.ca_cert_path,
+                            token_path=env.token_path)
+    try:
+        reporter = TrainJobStatusReporter(env, min_interval_seconds=0.05)
+        reporter.log_metrics({"loss": 1.0}, 1)
+        time.sleep(0.2)  # the first send is under way (silent) or failed (refusing)
+        reporter.log_metrics({"loss": 0.5}, 2)
+        started = time.monotonic()
+        reporter.close()
+        assert time.monotonic() - started <= CLOSE_SECONDS + 0.5
+        assert reporter.num_sent == 0
+    finally:
+        listener.close()
+
+
 def test_no_reporter_where_the_cluster_takes_no_progress():
     # A PyTorchJob, an older Trainer, the TrainJobStatus gate off, a local run: no variables, nothing is built.
     assert read_trainjob_status_env({"RANK": "0"}) is None

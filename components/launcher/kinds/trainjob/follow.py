@@ -26,7 +26,10 @@ from components.launcher.shared.retry import RetryPolicy
 logger = logging.getLogger(__name__)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP, KUEUE_VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"
+KUEUE_GROUP, WORKLOADS = "kueue.x-k8s.io", "workloads"
+# Workloads' API versions, newest first: v1beta2 is the storage version since Kueue 0.15, which deprecated v1beta1;
+# older Kueues serve v1beta1 only.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
@@ -110,12 +113,17 @@ class TrainJobReader(JobFollower):
         """Why Kueue has not admitted the job (its Workload's QuotaReserved=False message), or "" when unreadable."""
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            workloads = self.custom.list_namespaced_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, self.namespace, WORKLOADS,
-                label_selector=f"{JOB_UID_LABEL}={job['metadata'].get('uid', '')}")
-        except ApiException:  # no Kueue here, or this account may not read Workloads: the queue's name must do
-            return ""
+        workloads: dict = {}
+        for version in KUEUE_VERSIONS:
+            try:
+                workloads = self.custom.list_namespaced_custom_object(
+                    KUEUE_GROUP, version, self.namespace, WORKLOADS,
+                    label_selector=f"{JOB_UID_LABEL}={job['metadata'].get('uid', '')}")
+                break
+            except ApiException as err:
+                if err.status != 404:  # this account may not read Workloads: the queue's name must do
+                    return ""
+        # Neither version served: no Kueue here, and `workloads` stays empty.
         for workload in workloads.get("items") or []:
             for condition in (workload.get("status") or {}).get("conditions") or []:
                 if condition.get("type") == "QuotaReserved" and condition.get("status") == "False":
