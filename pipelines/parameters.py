@@ -33,8 +33,9 @@ SHARED = {
     "unpaired_train_uri": "Unpaired feedback rows (prompt, completion, and label: true for a desirable completion, "
                           "false for an undesirable one) that KTO learns from, by URI.",
     "unpaired_eval_uri": "Held-out unpaired feedback rows, by URI; empty: KTO is not evaluated.",
-    "rollout_engine": "What samples the online stage's answers and the evaluation's: `hf` (Hugging Face generate) "
-                      "or `vllm` (vLLM's engine; the jobs run the trainer image's vLLM variant).",
+    "rollout_engine": "What samples the online stage's answers and the evaluation's: `hf` (Hugging Face generate), "
+                      "`vllm` (vLLM's engine; the jobs run the trainer image's vLLM variant) or `auto` (the vLLM "
+                      "variant, which picks `vllm` where it pays off: docs/online.md).",
     "prompts_uri": "Prompts (a `prompt` per row) the online stage samples answers to, by URI.",
     "eval_prompts_uri": "Held-out prompts that the candidate, the SFT baseline and the registry's champion answer; "
                         "their scores decide whether the candidate is registered.",

@@ -101,7 +101,7 @@ def evaluate_and_register(candidate: dsl.PipelineTask, baseline: dsl.PipelineTas
     and no guard falls, and `champion` moves when the same holds against the champion (docs/pipelines.md,
     "The gate"). `gate` ends with the samples per prompt and their temperature (1 and 0: one greedy
     answer each). Neither step is cached: the champion changes between runs. `rollout_engine` samples the
-    answers (`hf`, or `vllm` on the trainer image's vLLM variant); with an `environment`, each held-out
+    answers (`hf`; `vllm` or `auto` on the trainer image's vLLM variant); with an `environment`, each held-out
     prompt is a multi-turn episode in it.
     """
     confidence, min_effect, guard_tolerance, samples_per_prompt, temperature = gate
@@ -164,7 +164,7 @@ def sft_then_align(pipeline: str, base_model_uri: str, datasets: dict[str, str],
         reward_function: How the evaluation scores held-out answers.
         max_new_tokens: Longest evaluated answer.
         registered_model_name: The registry name the gate registers under.
-        rollout_engine: What samples the evaluation's answers (`hf`, or `vllm`).
+        rollout_engine: What samples the evaluation's answers (`hf`, `vllm` or `auto`).
         environment: With a name, each held-out prompt is evaluated as a multi-turn episode in that environment.
         gate: The gate's (confidence, minimum effect, guard tolerance, samples per prompt, temperature)
             (`evaluate_and_register`).
