@@ -1,6 +1,6 @@
 """The documentation stays a map that leads somewhere: every link resolves inside the repository.
 
-Checked for `README.md`, `docs/*.md` and `benchmarks/*.md`: a relative link names a file or folder
+Checked for `README.md`, `docs/*.md` and `benchmarks/**/*.md` (its history too): a relative link names a file or folder
 of this repository (and, for a Markdown file, a heading in it when it has a `#anchor`); no link goes
 to another site or outside the checkout (`../shared/...`); the README stays short.
 """
@@ -27,7 +27,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def documentation_pages() -> list[Path]:
-    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "benchmarks").glob("*.md"))]
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "benchmarks").rglob("*.md"))]
     return [page for page in pages if page.is_file()]
 
 
