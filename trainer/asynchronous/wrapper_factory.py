@@ -7,14 +7,15 @@ import it from `trainer.asynchronous.engine`, where the seed defines it.
 
 from __future__ import annotations
 
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.asynchronous.engine_wrapper import TrainEngineWrapper
 from trainer.asynchronous.synchronizer import Synchronizer
-from trainer.config import GRPOConfig, PPOConfig, StageConfig
+from trainer.config import StageConfig
 from trainer.errors import ConfigError
 
 
 def get_trainer_wrapper(config: StageConfig, synchronizer: Synchronizer | None = None) -> TrainEngineWrapper:
-    """The engine for a config: the native torch engine for PPO and GRPO.
+    """The engine for a config: the native torch engine, for every online algorithm (PPO, GRPO).
 
     Args:
         config: The stage config.
@@ -26,8 +27,10 @@ def get_trainer_wrapper(config: StageConfig, synchronizer: Synchronizer | None =
     Raises:
         ConfigError: The stage has no experience-driven engine.
     """
-    if isinstance(config, (PPOConfig, GRPOConfig)):
-        from trainer.asynchronous.verl.verl_trainer import TorchTrainEngine  # the models, optimizers, FSDP
+    try:
+        online_algorithm(config)  # before the engine's heavy imports
+    except ConfigError as err:
+        raise ConfigError(f"no experience-driven engine: {err}") from err
+    from trainer.asynchronous.verl.verl_trainer import TorchTrainEngine  # the models, optimizers, FSDP
 
-        return TorchTrainEngine(config, synchronizer)
-    raise ConfigError(f"no experience-driven engine for {type(config).__name__}; it supports ppo and grpo")
+    return TorchTrainEngine(config, synchronizer)

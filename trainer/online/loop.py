@@ -8,17 +8,21 @@ Every optimizer step goes through `algorithms.update.train_step` with the algori
 (`train/nonfinite_skipped`, `critic/nonfinite_skipped`) and fails the run after
 `train.max_nonfinite_steps` in a row.
 
-Work that cannot change the result is left out: no reference model without a KL term
-(`needs_reference`), and no "old" log-prob forward when the episode's only optimizer step runs on
-the weights that sampled it (`is_exactly_on_policy`; the objective then takes the current log-probs
-as constants, `ppo.old_or_current_logps`, and the rollout correction of an engine's log-probs takes
-the trainer's from the update's own forward, `rollout_correction.CorrectionInUpdate`). Responses are
-sampled through the configured `RolloutEngine` (`trainer.online.engines`).
+What PPO and GRPO do differently is asked of the stage's algorithm object (`self.algorithm`, from
+`trainer.algorithms.online.registry.online_algorithm`): its advantages, objectives, KL coefficient
+and episode metrics. One GRPO step reads loop -> rollout (`trainer.online.rollout`) -> algorithm
+(`trainer.algorithms.online.grpo`) -> update (`trainer.algorithms.update.train_step`).
 
-The algorithm glue the asynchronous engine (`trainer.asynchronous.verl`) shares with this loop
-lives in `trainer.algorithms` (`online_advantages.compute_advantages`, `online_objectives`'s
-objectives, `kl_control.build_kl_controller`/`needs_reference`) and the batching in
-`trainer.online.batches`, so each exists once.
+Work that cannot change the result is left out: no reference model without a KL term
+(`OnlineAlgorithm.needs_reference`), and no "old" log-prob forward when the episode's only optimizer
+step runs on the weights that sampled it (`OnlineAlgorithm.is_exactly_on_policy`; the objective then
+takes the current log-probs as constants, `ppo.old_or_current_logps`, and the rollout correction of an
+engine's log-probs takes the trainer's from the update's own forward,
+`rollout_correction.CorrectionInUpdate`). Responses are sampled through the configured `RolloutEngine`
+(`trainer.online.engines`).
+
+The asynchronous engine (`trainer.asynchronous.verl`) asks the same algorithm objects, and shares the
+batching in `trainer.online.batches`, so each exists once.
 """
 
 from __future__ import annotations
@@ -32,20 +36,15 @@ import torch
 from torch import nn
 
 from trainer.agents.setup import build_agent_rollout
-from trainer.algorithms.kl_control import build_kl_controller
-from trainer.algorithms.online_advantages import GRPO_COUNTS, compute_advantages, grpo_metrics
-from trainer.algorithms.online_objectives import (
-    build_actor_objective,
-    build_critic_objective,
-    critic_metric_names,
-    is_exactly_on_policy,
-)
+from trainer.algorithms.online.base import OnlineAlgorithm
+from trainer.algorithms.online.ppo import critic_metric_names
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.algorithms.update import NonFiniteGuard, train_step
 from trainer.base import OLTrainer, StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
-from trainer.config import GRPOConfig, OnlineStageConfig
+from trainer.config import OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
 from trainer.online.correction import METRIC_PREFIX, correct_rollout
@@ -75,7 +74,8 @@ class PPOTrainer(OLTrainer):
             As in `OLTrainer`.
         actor: (model, optimizer, scheduler) of the policy.
         critic: (model, optimizer, scheduler) of the value model; None for GRPO.
-        ref_model: Frozen reference policy; None when the stage has no KL term (`needs_reference`).
+        ref_model: Frozen reference policy; None when the stage has no KL term
+            (`OnlineAlgorithm.needs_reference`).
         scorer: Scores rollouts (reward model or function), see `trainer.online.reward_sources`.
         tokenizer: Encodes prompts and decodes responses.
         config: The stage config.
@@ -109,6 +109,7 @@ class PPOTrainer(OLTrainer):
         self.scorer = scorer
         self.tokenizer = tokenizer
         self.config = config
+        self.algorithm = online_algorithm(config)  # what PPO and GRPO do differently
         self.options = config.algorithm
         self.save_interval = config.checkpoint.save_interval
         self.checkpoints = checkpoints
@@ -119,7 +120,7 @@ class PPOTrainer(OLTrainer):
         self.device = plugin.device
         self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
         self.global_step = 0
-        self.kl_controller = build_kl_controller(config)
+        self.kl_controller = self.algorithm.build_kl_controller()
         self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
                                                                              engine_setup(config))
         # None: one response per prompt. The stage builds it before the models load (a code tool's canary).
@@ -177,7 +178,7 @@ class PPOTrainer(OLTrainer):
                 values = response_values(self.critic, batch) * mask
         has_reference = self.ref_model is not None
         correcting = self.config.rollout.is_correcting
-        on_policy = is_exactly_on_policy(self.config, self.sample_buffer)
+        on_policy = self.algorithm.is_exactly_on_policy(self.sample_buffer)
         in_update = (self.correction_in_update is not None and on_policy and not has_reference
                      and "behaviour_logps" in batch)
         if has_reference or (correcting and not in_update) or not on_policy:
@@ -193,7 +194,7 @@ class PPOTrainer(OLTrainer):
         if correcting and not in_update:
             experience, correction_metrics = correct_rollout(experience, self.config.rollout.correction)
             self.tracker.log_metrics(correction_metrics, self.global_step)
-        return compute_advantages(experience, self.config, self.kl_controller.value)
+        return self.algorithm.compute_advantages(experience, self.kl_controller.value)
 
     # -- learn --------------------------------------------------------------------------------------
 
@@ -233,7 +234,7 @@ class PPOTrainer(OLTrainer):
 
     def _update(self, batches: list[dict], step: int) -> dict[str, float]:
         metrics = train_step(self.actor_booster, self.actor, self.actor_optimizer, self.actor_scheduler, batches,
-                             build_actor_objective(self.config, self.correction_in_update),
+                             self.algorithm.build_actor_objective(self.correction_in_update),
                              self.config.optimizer.max_grad_norm)
         if self.correction_in_update is not None:  # rank 0's rows, as `correct_rollout` logs them
             statistics = self.correction_in_update.statistics()
@@ -243,7 +244,7 @@ class PPOTrainer(OLTrainer):
         metrics["train/nonfinite_skipped"] = float(self.nonfinite.total)
         if self.critic is not None:
             critic_metrics = train_step(self.critic_booster, self.critic, self.critic_optimizer, self.critic_scheduler,
-                                        batches, build_critic_objective(self.config),
+                                        batches, self.algorithm.build_critic_objective(),
                                         self.config.optimizer.max_grad_norm)
             self.critic_nonfinite.observe({**critic_metrics, "loss": critic_metrics.get("value_loss")}, step)
             critic_metrics["nonfinite_skipped"] = float(self.critic_nonfinite.total)
@@ -260,7 +261,8 @@ class PPOTrainer(OLTrainer):
         has_kl = experience.ref_logps is not None  # no reference: no KL to report (nor to adapt kl_coef to)
         kl_to_ref = ((experience.old_logps - experience.ref_logps) * mask).sum(-1) if has_kl \
             else torch.zeros(len(experience), device=mask.device)  # (B,) k1 per sequence
-        counts = [experience.info.get(key, 0.0) for key in GRPO_COUNTS]  # GRPO's drops and penalties (else 0)
+        counted = self.algorithm.counted_info  # e.g. GRPO's dropped groups and penalties
+        counts = [experience.info.get(key, 0.0) for key in counted]
         local = torch.tensor([experience.scores.float().sum().item(), mask.sum().item(), kl_to_ref.sum().item(),
                               float(len(experience)), *counts], dtype=torch.float64, device=mask.device)
         score, tokens, kl, count, *counts = all_reduce_sum(local).tolist()
@@ -270,8 +272,7 @@ class PPOTrainer(OLTrainer):
                    # Where the run is (the TrainJob's progress: trainer.tracking.trainjob_status).
                    "progress/episode": float(self.num_episodes_done + 1),
                    "progress/total_episodes": float(self.options.num_episodes)}
-        if isinstance(self.config, GRPOConfig):
-            metrics.update(grpo_metrics(dict(zip(GRPO_COUNTS, counts))))
+        metrics.update(self.algorithm.episode_metrics(dict(zip(counted, counts))))
         if has_kl:
             metrics["episode/kl_to_ref"] = kl / count
             self.kl_controller.update(kl / count, int(count))
@@ -341,9 +342,14 @@ class PPOTrainer(OLTrainer):
 class GRPOTrainer(PPOTrainer):
     """GRPO: `num_generations` responses per prompt, group-normalised advantages, no critic.
 
-    Everything GRPO-specific is chosen from the config by the shared functions in `trainer.algorithms`.
+    Everything GRPO-specific is its algorithm object's (`trainer.algorithms.online.grpo.GRPOAlgorithm`),
+    which the loop builds from the config; this name is ColossalChat's.
     """
 
 
-def trainer_class(config: OnlineStageConfig) -> type[PPOTrainer]:
-    return GRPOTrainer if isinstance(config, GRPOConfig) else PPOTrainer
+TRAINERS: dict[str, type[PPOTrainer]] = {"ppo": PPOTrainer, "grpo": GRPOTrainer}
+"""The `OLTrainer` each algorithm is known by, keyed by `OnlineAlgorithm.name`; the loop is the same."""
+
+
+def trainer_class(algorithm: OnlineAlgorithm) -> type[PPOTrainer]:
+    return TRAINERS[algorithm.name]

@@ -2,7 +2,8 @@
 
 Shares the setup of the supervised stages (`trainer.lifecycle.context`) and adds what
 online RL needs: prompts, a frozen reference (only with a KL term), a critic (PPO), a reward
-source, two boosters.
+source, two boosters. Which of these a stage needs, its algorithm object says
+(`trainer.algorithms.online.registry.online_algorithm`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from trainer.agents.setup import build_agent_rollout
-from trainer.algorithms.kl_control import needs_reference
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
 from trainer.config import OnlineStageConfig, OptimizerConfig, PPOConfig
@@ -86,13 +87,15 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     # are then collectives: each rank generates (synced_gpus), scores and runs the reference on its own
     # rollout_batch_size rows once per collect step, so the calls line up across ranks.
     plugin = context.plugin
+    algorithm = online_algorithm(config)
     scorer = build_weighted_scorer(config, plugin.device, plugin=plugin)
     agent = build_agent_rollout(config.environment, context.tokenizer)  # a code tool's sandbox proves itself here
-    reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) if needs_reference(config) else None
+    reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) \
+        if algorithm.needs_reference else None
     seed_everything(config.train.seed)
     actor_model = load_causal_lm(config.model, plugin=plugin)
     # The critic's booster is built on the same plugin (`boost_critic`).
-    critic_model = load_critic_model(config, plugin) if isinstance(config, PPOConfig) else None
+    critic_model = load_critic_model(config, plugin) if algorithm.needs_critic else None
     open_outputs(context)
     seed_everything(config.train.seed + context.env.rank)  # ranks sample different responses
     total = total_optimizer_steps(config, context.env.world_size)
@@ -100,7 +103,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     critic_booster, critic = boost_critic(context, critic_model, config, total) if critic_model is not None else (None, None)
     checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last,
                                     boosters={"critic": critic_booster} if critic_booster else None)
-    return trainer_class(config)(
+    return trainer_class(algorithm)(
         context.booster, critic_booster, ReplayBuffer(), actor=actor, critic=critic, ref_model=reference,
         scorer=scorer, tokenizer=context.tokenizer, config=config, prompts=prompts, checkpoints=checkpoints,
         tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes, agent=agent)
@@ -108,10 +111,11 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
 
 def load_ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dict]:
     """PPO's pretraining (SFT) batches for the ptx loss, in micro-batches; empty without `ppo.ptx_data_path`."""
-    if not isinstance(config, PPOConfig) or config.ppo.ptx_data_path is None:
+    path = online_algorithm(config).ptx_data_path
+    if path is None:
         return []
-    examples = examples_of(context, "ptx", load_sft_dataset(config.ppo.ptx_data_path, context.tokenizer,
-                                                            config.data.max_length, config.data.skip_bad_rows))
+    examples = examples_of(context, "ptx", load_sft_dataset(path, context.tokenizer, config.data.max_length,
+                                                            config.data.skip_bad_rows))
     size = config.train.micro_batch_size
     return [pad_sft(examples[i:i + size], context.tokenizer.pad_token_id) for i in range(0, len(examples), size)]
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import make_config
-from trainer.algorithms.kl_control import needs_reference
-from trainer.algorithms.online_objectives import build_actor_objective, is_exactly_on_policy
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import response_logps
 from trainer.lifecycle.context import build_context, close_context
 from trainer.online.stages import build_online_trainer
@@ -47,7 +46,8 @@ def build(tmp_path, rl_start_model, task_files):
     ("ppo", {"kl_coef": 0.0, "target_kl": 0.1}, True),  # a KL target reads the KL to the reference
 ])
 def test_a_reference_is_needed_only_with_a_kl_term(stage, options, expected, tmp_path, tiny_model, task_files):
-    assert needs_reference(online_config(stage, tmp_path, tiny_model, task_files["prompts"], **options)) is expected
+    config = online_config(stage, tmp_path, tiny_model, task_files["prompts"], **options)
+    assert online_algorithm(config).needs_reference is expected
 
 
 @pytest.mark.parametrize(("options", "expected"), [
@@ -57,7 +57,8 @@ def test_a_reference_is_needed_only_with_a_kl_term(stage, options, expected, tmp
     ({"num_collect_steps": 2}, False),  # 16 rows in minibatches of 8
 ])
 def test_exactly_on_policy_means_one_optimizer_step_per_episode(options, expected, tmp_path, tiny_model, task_files):
-    assert is_exactly_on_policy(online_config("grpo", tmp_path, tiny_model, task_files["prompts"], **options)) is expected
+    config = online_config("grpo", tmp_path, tiny_model, task_files["prompts"], **options)
+    assert online_algorithm(config).is_exactly_on_policy() is expected
 
 
 def test_beta_zero_loads_no_reference_and_skips_the_old_logprob_forward(build):
@@ -100,7 +101,7 @@ def test_the_skipped_old_logprob_forward_gives_the_same_loss_gradients_and_step(
         explicit.old_logps = response_logps(trainer.actor, experience.as_batch()) * mask
     assert experience.advantages.abs().sum() > 0  # the step moves the weights
 
-    objective = build_actor_objective(trainer.config)
+    objective = trainer.algorithm.build_actor_objective()
     outputs, gradients = [], []
     for batch in (experience.as_batch(), explicit.as_batch()):
         trainer.actor.zero_grad()

@@ -16,5 +16,5 @@ Here the same roles are plain objects in the trainer process, with the seed's na
 
 The "FSDP" in the names is the seed's; the workers run on whatever `parallel.plugin` the config
 names through the project's `Booster`. Every optimizer step is `trainer.algorithms.update.train_step`
-with the objective the colocated loop uses (`trainer.algorithms.online_objectives.build_actor_objective`, ...).
+with the objective the colocated loop uses (the stage's algorithm object, `trainer.algorithms.online`).
 """

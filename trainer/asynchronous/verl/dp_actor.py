@@ -2,11 +2,11 @@
 
 Seed: `trinity/trainer/verl/dp_actor.py` (over verl's `DataParallelPPOActor`) and verl's
 `DataParallelPPOCritic`. As in the seed, an actor without an optimizer is a reference policy
-(only `compute_log_prob`), `set_algorithm` chooses the policy loss from the algorithm config, and
+(only `compute_log_prob`), `set_algorithm` takes the policy loss from the stage's algorithm, and
 `update_policy`/`update_critic` take `num_update_epochs` passes over the step's batch in shuffled
 minibatches. Each minibatch is one call of `trainer.algorithms.update.train_step`, the optimizer
-step of every trainer path, with the objective the colocated loop builds
-(`trainer.algorithms.online_objectives.build_actor_objective`/`build_critic_objective`); the data-parallel part is
+step of every trainer path, with the objective the colocated loop builds (the algorithm's
+`build_actor_objective`/`build_critic_objective`, `trainer.algorithms.online`); the data-parallel part is
 the booster's plugin (DDP, FSDP2), not a wrapper of its own.
 
 Metrics: the objective's (`trainer.algorithms.ppo`/`grpo` list them) plus `grad_norm`, `lr` and
@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from trainer.algorithms.online_objectives import build_actor_objective, build_critic_objective, critic_metric_names
+from trainer.algorithms.online.ppo import critic_metric_names
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import response_logps, response_values
 from trainer.algorithms.update import NonFiniteGuard, Objective, train_step
 from trainer.asynchronous.verl.data_proto import DataProto
@@ -142,9 +143,9 @@ class DataParallelPPOActor:
         self.nonfinite: NonFiniteGuard | None = None
 
     def set_algorithm(self, config: OnlineStageConfig) -> None:
-        """Choose the policy objective (GRPO's or PPO's) and the update sizes from the stage config."""
+        """Take the policy objective (GRPO's or PPO's) from the stage's algorithm, and the update sizes."""
         self.config = config
-        self.policy_loss_fn = build_actor_objective(config)
+        self.policy_loss_fn = online_algorithm(config).build_actor_objective()
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, micro_batch_size: int | None = None) -> Tensor:
@@ -181,7 +182,7 @@ class DataParallelPPOCritic:
         self.critic_optimizer = optimizer
         self.critic_scheduler = scheduler
         self.config = config
-        self.value_loss_fn = build_critic_objective(config)
+        self.value_loss_fn = online_algorithm(config).build_critic_objective()
         self.num_optimizer_steps = 0
         self.nonfinite: NonFiniteGuard | None = None
 

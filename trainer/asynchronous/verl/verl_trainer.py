@@ -1,20 +1,21 @@
 """`TorchTrainEngine`: the native PyTorch `TrainEngineWrapper`, composed of the seed's workers.
 
 Seed: `VerlPPOTrainerWrapper` in `trinity/trainer/verl/verl_trainer.py`. `prepare` builds an
-`ActorRolloutRefWorker`, for PPO a `CriticWorker`, sets the algorithm and resumes from the latest
-checkpoint. One `train_step` runs, in the seed's order (its "decoupled" mode: `old_logps` are
+`ActorRolloutRefWorker`, a `CriticWorker` when the algorithm needs one (PPO), sets the algorithm
+and resumes from the latest checkpoint. What PPO and GRPO do differently is asked of the stage's
+algorithm object (`trainer.algorithms.online.registry.online_algorithm`), as in the colocated loop. One `train_step` runs, in the seed's order (its "decoupled" mode: `old_logps` are
 recomputed as the proximal policy):
 
 1. `to_data_proto`: the step's experiences as one batch, with each row's weight version;
 2. `compute_log_prob` (`old_logps`), `compute_ref_log_prob` (`ref_logps`), PPO: `compute_values`;
 3. the importance correction of stale rows (`trainer.asynchronous.staleness`);
-4. rewards and advantages with `trainer.algorithms.online_advantages.compute_advantages`, as the colocated loop does;
+4. rewards and advantages with the algorithm's `compute_advantages`, as the colocated loop does;
 5. PPO: `update_critic`; then `update_actor` (both through `trainer.algorithms.update.train_step`);
 6. metrics, and the adaptive KL coefficient moves as in the colocated loop.
 
 Metrics of a step: the actor's and critic's (`trainer.asynchronous.verl.dp_actor`), the batch's
 (`compute_data_metrics`; for GRPO also `episode/dropped_groups`, `episode/truncated_fraction` and
-`episode/overlong_penalty`, `trainer.algorithms.online_advantages.grpo_metrics`), `staleness/*`
+`episode/overlong_penalty`, the algorithm's `episode_metrics`), `staleness/*`
 (`trainer.asynchronous.staleness`), `kl/to_ref` (mean k1 KL to the reference per sequence) and
 `kl/coef` (the reward's KL coefficient, PPO).
 
@@ -37,8 +38,7 @@ from typing import Any
 
 import torch
 
-from trainer.algorithms.kl_control import build_kl_controller
-from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.update import NonFiniteGuard
 from trainer.asynchronous.engine_wrapper import TrainEngineWrapper
 from trainer.asynchronous.staleness import importance_correction, staleness_metrics
@@ -48,7 +48,7 @@ from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
 from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from trainer.asynchronous.weights import weights_dir
 from trainer.checkpointing.checkpoint import CheckpointManager
-from trainer.config import GRPOConfig, OnlineStageConfig, PPOConfig
+from trainer.config import OnlineStageConfig
 from trainer.errors import CheckpointError, ConfigError
 from trainer.lifecycle.context import (
     build_context,
@@ -83,6 +83,7 @@ class TorchTrainEngine(TrainEngineWrapper):
 
     def __init__(self, config: OnlineStageConfig, synchronizer: Synchronizer | None = None) -> None:
         self.config = config
+        self.algorithm = online_algorithm(config)  # what PPO and GRPO do differently
         self.synchronizer = synchronizer
         self.global_steps = 0  # the seed's name: trainer steps done (= the policy's weight version)
         self.last_metrics: dict[str, float] = {}
@@ -104,7 +105,7 @@ class TorchTrainEngine(TrainEngineWrapper):
         if context.env.is_distributed:
             raise ConfigError("the experience-driven Trainer runs as one process; use mode 'colocated' for torchrun")
         self.checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last)
-        use_critic = isinstance(config, PPOConfig)
+        use_critic = self.algorithm.needs_critic
         monitor = CheckpointMonitor(self.checkpoints, {"actor", "critic"} if use_critic else {"actor"})
         total = optimizer_steps_per_run(config)
         seed_everything(config.train.seed)
@@ -122,7 +123,7 @@ class TorchTrainEngine(TrainEngineWrapper):
         self.actor_rollout_wg.actor.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         if self.critic_wg is not None:
             self.critic_wg.critic.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
-        self.kl_controller = build_kl_controller(config)
+        self.kl_controller = self.algorithm.build_kl_controller()
         self._load_checkpoint()
 
     def _load_checkpoint(self) -> None:
@@ -181,7 +182,7 @@ class TorchTrainEngine(TrainEngineWrapper):
                 data = data.union(self.critic_wg.compute_values(data))
         weights, weight_metrics = importance_correction(data.batch, config.asynchronous.importance_sampling_cap)
         data = data.union(weights)
-        data = DataProto(compute_advantages(data.batch, config, self.kl_controller.value), data.meta_info)
+        data = DataProto(self.algorithm.compute_advantages(data.batch, self.kl_controller.value), data.meta_info)
         self.global_steps += 1
         seed = config.train.seed + self.global_steps  # actor and critic see the minibatches in the same order
         with timer.phase("update"):
@@ -189,8 +190,7 @@ class TorchTrainEngine(TrainEngineWrapper):
                 metrics |= self.critic_wg.update_critic(data, torch.Generator().manual_seed(seed))
             metrics |= self.actor_rollout_wg.update_actor(data, torch.Generator().manual_seed(seed))
         metrics |= weight_metrics | compute_data_metrics(data, config.generation.max_new_tokens)
-        if isinstance(config, GRPOConfig):  # dynamic sampling, truncated responses, overlong penalty
-            metrics |= grpo_metrics(data.batch.info)
+        metrics |= self.algorithm.episode_metrics(data.batch.info)  # GRPO: dynamic sampling, truncation, overlong
         metrics |= self._update_kl_coef(data.batch)
         metrics |= agent_metrics(batch_exps)
         mask = data.batch.action_mask

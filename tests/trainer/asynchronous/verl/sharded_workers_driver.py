@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainer.algorithms.online_advantages import compute_advantages
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
@@ -104,7 +104,7 @@ def main() -> None:
     with torch.no_grad():
         dump["plain_logps"] = response_logps(plain, data.batch.as_batch()) * data.batch.action_mask
     dump["batch"] = data.batch
-    data = DataProto(compute_advantages(data.batch, config, kl_coef=0.05), data.meta_info)
+    data = DataProto(online_algorithm(config).compute_advantages(data.batch, kl_coef=0.05), data.meta_info)
     try:
         actor.update_actor(data, torch.Generator().manual_seed(0))
     except TrainingError as err:
@@ -114,7 +114,7 @@ def main() -> None:
     equal = make_data(vocab_size, 4, seed=10 + rank)
     equal = equal.union(actor.compute_log_prob(equal)).union(actor.compute_ref_log_prob(equal))
     equal = equal.union(critic.compute_values(equal))
-    equal = DataProto(compute_advantages(equal.batch, config, kl_coef=0.05), equal.meta_info)
+    equal = DataProto(online_algorithm(config).compute_advantages(equal.batch, kl_coef=0.05), equal.meta_info)
     dump["before"] = full_states(actor, critic)
     dump["critic_metrics"] = critic.update_critic(equal, torch.Generator().manual_seed(1))
     dump["actor_metrics"] = actor.update_actor(equal, torch.Generator().manual_seed(1))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import make_config
-from trainer.algorithms.online_advantages import compute_advantages
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.asynchronous.verl.fsdp_checkpoint_manager import CheckpointMonitor
@@ -49,7 +49,7 @@ def test_log_probs_values_and_updates_of_the_workers(workers):
     torch.testing.assert_close(data.batch.ref_logps, data.batch.old_logps)  # untrained actor = reference
     data = data.union(critic.compute_values(data))
     assert data.batch.values.shape == (4, 6) and data.batch.values[:, :2].abs().sum() == 0  # 0 outside the response
-    data = DataProto(compute_advantages(data.batch, config, kl_coef=0.05), data.meta_info)
+    data = DataProto(online_algorithm(config).compute_advantages(data.batch, kl_coef=0.05), data.meta_info)
 
     before = {k: v.clone() for k, v in actor.module.state_dict().items()}
     critic_metrics = critic.update_critic(data, torch.Generator().manual_seed(0))
@@ -66,7 +66,7 @@ def test_clear_optimizer_state_forgets_the_moments(workers):
     data = make_data(actor.module.config.vocab_size)
     data = data.union(actor.compute_log_prob(data)).union(actor.compute_ref_log_prob(data))
     data = data.union(critic.compute_values(data))
-    data = DataProto(compute_advantages(data.batch, config, kl_coef=0.05), data.meta_info)
+    data = DataProto(online_algorithm(config).compute_advantages(data.batch, kl_coef=0.05), data.meta_info)
     actor.update_actor(data, torch.Generator().manual_seed(0))
     critic.update_critic(data, torch.Generator().manual_seed(0))
     assert actor.actor.actor_optimizer.state and critic.critic.critic_optimizer.state

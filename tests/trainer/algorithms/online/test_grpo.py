@@ -1,5 +1,5 @@
-"""`grpo_advantages` (what the colocated loop and the asynchronous engine both call through `compute_advantages`):
-each estimator on a hand-built batch, DAPO's shaping, what gets dropped from the loss, and the episode's counts."""
+"""`GRPOAlgorithm` (what the colocated loop and the asynchronous engine both ask): each advantage estimator on a
+hand-built batch, DAPO's shaping, what gets dropped from the loss, the episode's counts, and what GRPO needs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trainer.algorithms.advantages import STD_EPS
-from trainer.algorithms.online_advantages import compute_advantages, grpo_metrics
+from trainer.algorithms.online.grpo import GRPOAlgorithm
+from trainer.algorithms.online.registry import online_algorithm
 from trainer.config import build_config
 from trainer.online.experience import Experience, concat_experiences
 
@@ -21,6 +22,10 @@ def config(**grpo):
     return build_config("grpo", {"output_dir": "o", "model": {"path": "m"}, "data": {"train_path": "p"},
                                  "reward": {"function": "tiny_addition"}, "generation": {"max_new_tokens": 3},
                                  "grpo": {"num_generations": 2, **grpo}})
+
+
+def compute_advantages(batch: Experience, stage_config, kl_coef: float) -> Experience:
+    return online_algorithm(stage_config).compute_advantages(batch, kl_coef)
 
 
 def experience(scores, truncated=(0.0, 1.0, 0.0, 0.0), kl_per_token: float = 0.0) -> Experience:
@@ -96,5 +101,38 @@ def test_episode_counts_add_up_over_collect_steps_and_become_metrics():
     parts = [compute_advantages(experience([1.0, 1.0, 3.0, 1.0]), config(dynamic_sampling=True), kl_coef=0.0)] * 2
     info = concat_experiences(parts, pad_token_id=0).info
     assert info["dropped_groups"] == 2.0 and info["rows"] == 8.0
-    metrics = grpo_metrics(info)
+    metrics = GRPOAlgorithm(config()).episode_metrics(info)
     assert metrics["episode/dropped_groups"] == 2.0 and metrics["episode/truncated_fraction"] == 0.25
+
+
+# ---- what GRPO declares to the loops -----------------------------------------------------------------------------
+
+
+def test_grpo_needs_no_critic_and_a_reference_only_with_beta():
+    algorithm = online_algorithm(config(beta=0.0))
+    assert isinstance(algorithm, GRPOAlgorithm) and algorithm.name == "grpo"
+    assert not algorithm.needs_critic and algorithm.build_critic_objective() is None
+    assert not algorithm.needs_reference
+    assert online_algorithm(config(beta=0.04)).needs_reference
+    assert algorithm.ptx_data_path is None  # no pretraining loss
+
+
+def test_grpo_reward_kl_coefficient_is_zero_and_never_moves():
+    controller = online_algorithm(config(beta=0.04)).build_kl_controller()
+    controller.update(10.0, 64)  # no target: the KL is in GRPO's loss or advantages, not the reward
+    assert controller.value == 0.0
+
+
+@pytest.mark.parametrize(("estimator", "beta_in_loss"), [("grpo", 0.04), ("rloo", 0.0), ("reinforce_plus_plus", 0.0)])
+def test_grpo_objective_carries_beta_only_when_the_kl_is_in_the_loss(estimator, beta_in_loss):
+    scale = {} if estimator == "grpo" else {"scale_rewards": "none"}
+    objective = online_algorithm(config(beta=0.04, advantage_estimator=estimator, **scale)).build_actor_objective()
+    assert objective.beta == beta_in_loss and objective.max_completion_length == 3  # generation.max_new_tokens
+
+
+def test_grpo_counts_what_its_episode_metrics_read():
+    algorithm = online_algorithm(config(dynamic_sampling=True))
+    out = algorithm.compute_advantages(experience([1.0, 1.0, 3.0, 1.0]), kl_coef=0.0)
+    assert set(algorithm.counted_info) <= set(out.info)
+    counts = {key: out.info[key] for key in algorithm.counted_info}
+    assert algorithm.episode_metrics(counts)["episode/dropped_groups"] == 1.0
