@@ -1,4 +1,10 @@
-"""What the Kubeflow UI's run form says about each pipeline parameter.
+"""The pipelines' parameters: those every pipeline takes, declared once, and what the run form says about each.
+
+KFP reads a pipeline's parameters from `inspect.signature` of the pipeline function (its source is not
+embedded, unlike a component's) and calls the function once, with a channel per parameter, in the
+signature's order. `with_common_parameters` adds `COMMON` to a pipeline's own parameters, so the
+parameters every pipeline takes, with the same defaults, are declared here and nowhere else.
+`pipeline_parameters`, which every pipeline applies below `@dsl.pipeline`, does that and then `documented`.
 
 KFP takes a pipeline parameter's description from the `Args:` section of the pipeline function's
 docstring (kfp's `extract_component_interface`) and writes it into the compiled IR, which the run
@@ -15,8 +21,22 @@ A parameter with no description is left without one; tests/pipelines/test_pipeli
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
+
+from components.parameters import write_args
+
+# What every pipeline takes besides its own parameters, with the same default everywhere (the type is the
+# default's). `with_common_parameters` adds them to each pipeline's signature.
+COMMON = {
+    "dataset_sha256": {},
+    "launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1, "gpus_per_node": 1, "s3_secret": "",
+    "scheduling": {},
+    "sft_lr": 2e-5, "sft_epochs": 2, "sft_settings": {},
+    "max_new_tokens": 256, "gate_confidence": 0.95, "gate_min_effect": 0.05, "gate_guard_tolerance": 0.05,
+    "eval_samples_per_prompt": 1, "eval_temperature": 0.0,
+}
 
 SHARED = {
     "environment": "The environment multi-turn episodes run in, by a name the platform allows (built-in `tools`, or "
@@ -101,12 +121,35 @@ def describe(parameter: str) -> str | None:
 
 def documented(pipeline: Callable) -> Callable:
     """`pipeline` with an `Args:` section describing each of its parameters (apply below `@dsl.pipeline`)."""
-    # A Google docstring starts with a summary: without one, its parser takes `Args:` for the summary.
-    summary = (pipeline.__doc__ or "").strip() or f"The {pipeline.__name__} pipeline."
-    lines = [summary, "", "Args:"]
-    for name in inspect.signature(pipeline).parameters:
-        text = describe(name)
-        if text:
-            lines.append(f"    {name}: " + " ".join(text.split()))
-    pipeline.__doc__ = "\n".join(lines) + "\n"
-    return pipeline
+    pipeline.__doc__ = pipeline.__doc__ or f"The {pipeline.__name__} pipeline."
+    return write_args(pipeline, describe)
+
+
+def with_common_parameters(pipeline: Callable) -> Callable:
+    """A pipeline function declared with its own parameters and `*, run: dict`, as KFP sees it: its own
+    parameters, then COMMON's.
+
+    KFP calls it with every parameter; the function gets its own by name, and all of them, COMMON's too, as
+    `run` (a dict by parameter name, which the frame in steps.py reads). A signature built from a table is
+    what lets COMMON be declared once: the alternative, every pipeline listing the same sixteen parameters
+    and defaults, is what this replaces.
+    """
+    own = [parameter for name, parameter in inspect.signature(pipeline).parameters.items() if name != "run"]
+    common = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                annotation=type(default)) for name, default in COMMON.items()]
+    signature = inspect.Signature(own + common)
+
+    @functools.wraps(pipeline)
+    def with_common(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return pipeline(**{parameter.name: bound.arguments[parameter.name] for parameter in own},
+                        run=dict(bound.arguments))
+
+    with_common.__signature__ = signature  # what inspect.signature, and so KFP, reads
+    return with_common
+
+
+def pipeline_parameters(pipeline: Callable) -> Callable:
+    """`pipeline` taking `COMMON` too (`with_common_parameters`), every parameter described (`documented`)."""
+    return documented(with_common_parameters(pipeline))

@@ -4,57 +4,25 @@ from kfp import dsl
 
 from components.grpo.component import train_grpo
 from pipelines.options import as_stage
-from pipelines.parameters import documented
-from pipelines.steps import Candidate, cluster_arguments, sft_then_align
+from pipelines.parameters import pipeline_parameters
+from pipelines.steps import Candidate, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-agent", description="SFT on tool-use traces, then multi-turn GRPO with tools; registered if "
               "its episodes beat SFT's.")
-@documented
+@pipeline_parameters
 def rlhf_agent(
-    base_model_uri: str,
-    sft_train_uri: str,
-    prompts_uri: str,
-    eval_prompts_uri: str,
-    reward_function: str,
-    environment: str,
-    sft_eval_uri: str = "",
-    dataset_sha256: dict = {},
-    launcher_mode: str = "kubernetes",
-    trainer_image: str = "",
-    num_nodes: int = 1,
-    gpus_per_node: int = 1,
-    s3_secret: str = "",
-    scheduling: dict = {},
-    sft_lr: float = 2e-5,
-    sft_epochs: int = 2,
-    sft_settings: dict = {},
-    grpo_lr: float = 1e-6,
-    grpo_episodes: int = 100,
-    grpo_generations: int = 8,
-    grpo_settings: dict = {},
-    max_new_tokens: int = 256,
-    gate_confidence: float = 0.95,
-    gate_min_effect: float = 0.05,
-    gate_guard_tolerance: float = 0.05,
-    eval_samples_per_prompt: int = 1,
-    eval_temperature: float = 0.0,
-    registered_model_name: str = "alignflow-agent",
-    rollout_engine: str = "hf",
+    base_model_uri: str, sft_train_uri: str, prompts_uri: str, eval_prompts_uri: str, reward_function: str,
+    environment: str, sft_eval_uri: str = "",
+    grpo_lr: float = 1e-6, grpo_episodes: int = 100, grpo_generations: int = 8, grpo_settings: dict = {},
+    registered_model_name: str = "alignflow-agent", rollout_engine: str = "hf", *, run: dict,
 ):
-    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, prompts_uri=prompts_uri,
-                    eval_prompts_uri=eval_prompts_uri)
-    cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-
+    # The environment's episodes, in training and in the evaluation (the frame passes `environment` on to it).
     def grpo(sft, inputs, stage):
-        grpo_task = train_grpo(base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
-                               eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function,
-                               lr=grpo_lr, num_episodes=grpo_episodes, num_generations=grpo_generations,
-                               rollout_engine=rollout_engine, environment=environment, settings=grpo_settings, **stage)
-        return Candidate(as_stage(grpo_task))
+        return Candidate(as_stage(train_grpo(
+            base_model=sft.outputs["model"], train_dataset=inputs.outputs["prompts"],
+            eval_dataset=inputs.outputs["eval_prompts"], reward_function=reward_function, lr=grpo_lr,
+            num_episodes=grpo_episodes, num_generations=grpo_generations, rollout_engine=rollout_engine,
+            environment=environment, settings=grpo_settings, **stage)))
 
-    sft_then_align("rlhf-agent", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
-                   (sft_lr, sft_epochs, sft_settings), grpo, reward_function, max_new_tokens, registered_model_name,
-                   rollout_engine, environment,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
-                         eval_temperature))
+    sft_then_align("rlhf-agent", run, grpo)

@@ -5,52 +5,20 @@ from kfp import dsl
 from components.ppo.component import train_ppo
 from components.rm.component import train_reward_model
 from pipelines.options import as_stage
-from pipelines.parameters import documented
-from pipelines.steps import Candidate, cluster_arguments, sft_then_align
+from pipelines.parameters import pipeline_parameters
+from pipelines.steps import Candidate, sft_then_align
 
 
 @dsl.pipeline(name="rlhf-ppo", description="SFT, a reward model, then PPO; evaluated against SFT and registered if better.")
-@documented
+@pipeline_parameters
 def rlhf_ppo(
-    base_model_uri: str,
-    sft_train_uri: str,
-    preference_train_uri: str,
-    prompts_uri: str,
-    eval_prompts_uri: str,
-    sft_eval_uri: str = "",
-    preference_eval_uri: str = "",
-    dataset_sha256: dict = {},
-    launcher_mode: str = "kubernetes",
-    trainer_image: str = "",
-    num_nodes: int = 1,
-    gpus_per_node: int = 1,
-    s3_secret: str = "",
-    scheduling: dict = {},
-    sft_lr: float = 2e-5,
-    sft_epochs: int = 2,
-    sft_settings: dict = {},
-    rm_lr: float = 1e-5,
-    rm_epochs: int = 1,
-    rm_settings: dict = {},
-    ppo_lr: float = 1e-6,
-    ppo_episodes: int = 100,
-    ppo_kl_coef: float = 0.05,
-    ppo_reward_function: str = "",
-    ppo_settings: dict = {},
-    reward_function: str = "",
-    max_new_tokens: int = 256,
-    gate_confidence: float = 0.95,
-    gate_min_effect: float = 0.05,
-    gate_guard_tolerance: float = 0.05,
-    eval_samples_per_prompt: int = 1,
-    eval_temperature: float = 0.0,
-    registered_model_name: str = "alignflow-ppo",
-    rollout_engine: str = "hf",
+    base_model_uri: str, sft_train_uri: str, preference_train_uri: str, prompts_uri: str, eval_prompts_uri: str,
+    sft_eval_uri: str = "", preference_eval_uri: str = "",
+    rm_lr: float = 1e-5, rm_epochs: int = 1, rm_settings: dict = {},
+    ppo_lr: float = 1e-6, ppo_episodes: int = 100, ppo_kl_coef: float = 0.05, ppo_reward_function: str = "",
+    ppo_settings: dict = {}, reward_function: str = "", registered_model_name: str = "alignflow-ppo",
+    rollout_engine: str = "hf", *, run: dict,
 ):
-    datasets = dict(sft_train_uri=sft_train_uri, sft_eval_uri=sft_eval_uri, preference_train_uri=preference_train_uri,
-                    preference_eval_uri=preference_eval_uri, prompts_uri=prompts_uri, eval_prompts_uri=eval_prompts_uri)
-    cluster = cluster_arguments(launcher_mode, trainer_image, num_nodes, gpus_per_node, s3_secret)
-
     def reward_model_then_ppo(sft, inputs, stage):
         reward_model = as_stage(train_reward_model(
             base_model=sft.outputs["model"], train_dataset=inputs.outputs["preference_train"],
@@ -62,8 +30,4 @@ def rlhf_ppo(
                              kl_coef=ppo_kl_coef, rollout_engine=rollout_engine, settings=ppo_settings, **stage)
         return Candidate(as_stage(ppo_task), reward_model=reward_model)
 
-    sft_then_align("rlhf-ppo", base_model_uri, datasets, dataset_sha256, cluster, scheduling,
-                   (sft_lr, sft_epochs, sft_settings), reward_model_then_ppo, reward_function, max_new_tokens,
-                   registered_model_name, rollout_engine,
-                   gate=(gate_confidence, gate_min_effect, gate_guard_tolerance, eval_samples_per_prompt,
-                         eval_temperature))
+    sft_then_align("rlhf-ppo", run, reward_model_then_ppo)

@@ -5,35 +5,21 @@ from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import LAUNCHER_IMAGE
+from components.parameters import documented
 
 
 @dsl.component(base_image=LAUNCHER_IMAGE)
+@documented()
 def evaluate_model(
-    model: Input[Model],
-    baseline: Input[Model],
-    prompts: Input[Dataset],
-    metrics: Output[Metrics],
-    report: Output[Markdown],
-    run_id: str,
-    reward_model: Input[Model] = None,
-    registered_model_name: str = "",
-    parent_run_id: str = "",
-    reward_function: str = "",
-    max_new_tokens: int = 256,
-    launcher_mode: str = "kubernetes",
-    rollout_engine: str = "hf",
-    environment: str = "",
-    gate_confidence: float = 0.95,
-    gate_min_effect: float = 0.05,
-    gate_guard_tolerance: float = 0.05,
-    samples_per_prompt: int = 1,
-    temperature: float = 0.0,
-    trainer_image: str = "",
-    num_nodes: int = 1,
-    gpus_per_node: int = 1,
-    s3_secret: str = "",
-    job_root: str = "",
-    scheduling: dict = {},
+    model: Input[Model], baseline: Input[Model], prompts: Input[Dataset],
+    metrics: Output[Metrics], report: Output[Markdown], run_id: str,
+    reward_model: Input[Model] = None, registered_model_name: str = "", parent_run_id: str = "",
+    reward_function: str = "", max_new_tokens: int = 256, rollout_engine: str = "hf", environment: str = "",
+    gate_confidence: float = 0.95, gate_min_effect: float = 0.05, gate_guard_tolerance: float = 0.05,
+    samples_per_prompt: int = 1, temperature: float = 0.0,
+    # Where the job runs: the same parameters in every component that launches one (components/parameters.py).
+    launcher_mode: str = "kubernetes", trainer_image: str = "", num_nodes: int = 1, gpus_per_node: int = 1,
+    s3_secret: str = "", job_root: str = "", scheduling: dict = {},
 ) -> str:
     """Score responses of a model, a baseline and the current champion on held-out prompts (greedy, or the mean
     of several samples per prompt), in a job on a GPU node, and decide the registration gate.
@@ -64,10 +50,7 @@ def evaluate_model(
         registered_model_name: Registered model whose `champion` version is scored too; empty: none.
         parent_run_id: The pipeline's MLflow parent run; the metrics go to an `evaluate` run nested under
             it (and `evaluation/*` on it), whatever the gate then decides. Empty: not logged to MLflow.
-        reward_function: Registered reward function name, called as f(prompt, completion, answer) -> float.
         max_new_tokens: Longest response in tokens.
-        launcher_mode: `kubernetes` runs a training job (TrainJob or PyTorchJob, the platform's kind); `local` runs
-            its nodes as local processes.
         rollout_engine: What samples the answers: `hf` (Hugging Face `generate`), `vllm` (each model loaded into
             vLLM's engine; runs the trainer image's vLLM variant) or `auto` (the vLLM variant, which picks `vllm`
             where it pays off: docs/online.md).
@@ -80,13 +63,7 @@ def evaluate_model(
             agent episodes with only valid tool calls) may fall, at `gate_confidence`, before it refuses.
         samples_per_prompt: Answers sampled per prompt; each prompt's score is their mean (1: one answer).
         temperature: Sampling temperature; 0 is greedy, and then `samples_per_prompt` must be 1.
-        trainer_image: Image of the training job; empty uses the platform's trainer image.
-        num_nodes: Nodes (pods) of the job.
-        gpus_per_node: GPUs per node (one process each; 0 runs one CPU process).
-        s3_secret: Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         job_root: Where the job writes its results; empty uses a folder beside the metrics.
-        scheduling: Overrides of the platform's scheduling defaults for the job's pods (the run's
-            `scheduling` parameter, as the training stages get it; keys in components/launcher/settings/options.py).
 
     Returns:
         The gate's decision: `register` when the candidate is confidently better than the baseline, else `refuse`.

@@ -15,7 +15,8 @@ from components.reports.stage import stage_report
 
 # The trainer image the components name by default; a platform's own image (ALIGNFLOW_TRAINER_IMAGE) wins over it.
 
-# Component parameter -> dotted config key, for the parameters the training components share.
+# Component parameter -> dotted config key, for the parameters the training components share; the field also
+# describes the parameter in the IR (components/parameters.py).
 COMMON_KEYS = {"lr": "optimizer.lr", "micro_batch_size": "train.micro_batch_size", "max_length": "data.max_length"}
 STAGE_KEYS = {
     "sft": {"max_epochs": "train.max_epochs"},

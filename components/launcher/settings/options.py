@@ -1,11 +1,11 @@
 """The pod and platform options of a stage's job, each declared once: `POD_OPTIONS`.
 
 One `PodOption` per knob says everything the launcher needs about it: the field name, its value's
-kind, its default, its description, the variable the platform sets it with (the chart's defaults
-ConfigMap key, which the component pod gets as environment), who may set it for one run, and where
-it lands in the pod. Everything else is derived from this table:
+kind (how a value is checked, and so its type: `KIND_TYPES`), its default, its description, the
+variable the platform sets it with (the chart's defaults ConfigMap key, which the component pod gets
+as environment), who may set it for one run, and where it lands in the pod. Everything else is derived from this table:
 
-- the fields of `ClusterOptions` (stage_job.py) and of `JobSpec` (pod/spec.py), with their defaults;
+- the fields of `ClusterOptions` (stage_job.py) and of `JobSpec` (pod/spec.py), with their types and defaults;
 - the platform's defaults read from the environment (`settings/platform.py`);
 - which component parameters and which keys of a run's `scheduling` parameter may set an option,
   and how each value is checked (`settings/scheduling.py`, `component_io.cluster_options`);
@@ -41,6 +41,13 @@ decide whose quota, which account and how many GPUs a job gets, not how its pods
 PLATFORM = "platform"
 """The platform only (policy: which Secrets, which namespace, which job kind)."""
 
+# The type of an option's value, by its kind: what `settings/scheduling.check_value` turns a value of that kind into
+# (a whole number of seconds stays an int, which `float` admits). An option whose default is None may also be None.
+KIND_TYPES: dict[str, Any] = {
+    "text": str, "job_kind": str, "quantity": str, "count": int, "count0": int, "nproc": int | str, "seconds": float,
+    "object": dict[str, Any], "list": list[dict[str, Any]],
+}
+
 
 def current_namespace() -> str:
     """The namespace this pod runs in (where KFP runs the component), else `default`."""
@@ -72,13 +79,18 @@ class PodOption:
     in_job_spec: bool = True
     """Whether the job's spec carries it (False: the launcher's own, such as how long it waits)."""
 
+    @property
+    def annotation(self) -> Any:
+        """The type of the option's value (`KIND_TYPES`), or None as well where that is the default."""
+        return KIND_TYPES[self.kind] | None if self.default is None else KIND_TYPES[self.kind]
+
     def dataclass_field(self) -> tuple[str, Any, Any]:
         """(name, type, field) for `dataclasses.make_dataclass`."""
         if callable(self.default):
             value = dataclasses.field(default_factory=self.default, metadata={"description": self.description})
         else:
             value = dataclasses.field(default=self.default, metadata={"description": self.description})
-        return self.name, Any, value
+        return self.name, self.annotation, value
 
 
 POD_OPTIONS: tuple[PodOption, ...] = (

@@ -80,3 +80,24 @@ def test_adding_a_pod_option_is_one_edit(tmp_path):
     done = subprocess.run([sys.executable, "checks.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{ROOT}", "HOME": str(tmp_path)})
     assert done.returncode == 0 and "reached everywhere" in done.stdout, done.stderr[-3000:]
+
+
+def test_every_option_field_is_typed_by_its_kind():
+    import dataclasses
+    import types
+    import typing
+
+    from components.launcher.pod.spec import JobSpec
+    from components.launcher.settings.options import KIND_TYPES
+    from components.launcher.settings.scheduling import EXPECTED
+
+    assert set(KIND_TYPES) == set(EXPECTED)  # every kind a value is checked as has a type
+    cluster = {field.name: field.type for field in dataclasses.fields(ClusterOptions)}
+    job = {field.name: field.type for field in dataclasses.fields(JobSpec)}
+    for option in POD_OPTIONS:
+        assert cluster[option.name] == option.annotation and typing.Any not in (option.annotation, cluster[option.name])
+        assert job.get(option.name, option.annotation) == option.annotation
+        default = option.default() if callable(option.default) else option.default
+        origin = typing.get_origin(option.annotation)
+        runtime = option.annotation if origin in (None, types.UnionType) else origin
+        assert isinstance(default, runtime), f"{option.name}: {default!r} is not {option.annotation}"
