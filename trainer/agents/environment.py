@@ -16,7 +16,9 @@ reward contributions.
 (`trainer.agents.formats`) gets the calls' results as `tool` messages; a turn without calls is the
 answer and ends the episode. Subclass it to change the reward or add a user turn; subclass
 `Environment` for anything else. Environments are chosen by name from the platform's allow-list
-(`trainer.allow_list`). `step` runs on a worker thread, concurrently with other episodes'.
+(`trainer.allow_list`). `step` runs on a worker thread, concurrently with other episodes' steps
+(at most `max_concurrent_steps` of them, where the class sets it) and, under the `as_ready`
+schedule, with the model sampling other episodes' turns.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class Environment(ABC):
 
     default_tools: tuple[str, ...] = ()
     """Registered tool names used when `environment.tools` is empty."""
+
+    max_concurrent_steps: int | None = None
+    """At most this many episodes of this environment step at once, whatever `environment.max_concurrent_episodes`
+    allows (a service that takes few requests at a time, a sandbox with few slots); None sets no limit of its own."""
 
     def __init__(self, tools: ToolBox) -> None:
         self.tools = tools

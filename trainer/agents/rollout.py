@@ -2,16 +2,21 @@
 
 `AgentRollout.generate_and_score` has the signature of `trainer.online.rollout.generate_and_score`
 and returns the same `ScoredRollout`, so every online estimator (GRPO's, RLOO, REINFORCE++, PPO's
-critic) and the evaluation consume episodes unchanged. Per turn:
+critic) and the evaluation consume episodes unchanged. Per turn of an episode:
 
-1. the episodes still running are sampled together: each one's whole sequence so far (prompt, model
-   turns, observations) is a token-id prompt for `RolloutEngine.generate`, so any engine (`hf`,
-   `vllm`) runs the same loop; finished episodes are not in the call;
-2. each turn keeps the ids the engine sampled, up to and including its first stop token (a turn
+1. the episode is sampled in one generate call with the others due a turn then: each one's whole
+   sequence so far (prompt, model turns, observations) is a token-id prompt for
+   `RolloutEngine.generate`, so any engine (`hf`, `vllm`) runs the same loop;
+2. the turn keeps the ids the engine sampled, up to and including its first stop token (a turn
    without one ran out of `generation.max_new_tokens` or of the episode's token budget: truncated);
-3. the environments answer (`Environment.step`), concurrently on a bounded thread pool;
-4. the observations are tokenized on their own (`trainer.agents.formats.ObservationEncoder`) and
+3. its environment answers (`Environment.step`) on a bounded thread pool, concurrently with other
+   episodes' environments;
+4. the observation is tokenized on its own (`trainer.agents.formats.ObservationEncoder`) and
    appended with action mask 0, unless the episode is done or cut by `max_turns`/`max_total_tokens`.
+
+Which episodes share a generate call, and when the environments answer, is the schedule
+(`environment.schedule`, `trainer.agents.scheduler`): all running episodes turn by turn
+(`lockstep`), or each episode as soon as its observation is ready (`as_ready`).
 
 The batch is laid out as a single-turn one: the prompt left-padded, everything after it
 right-padded, `action_mask` 1 on the model's sampled tokens only; `truncated` marks episodes cut
@@ -22,8 +27,8 @@ so far plus its own decode steps (benchmarks/README.md).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,12 +36,13 @@ from torch import nn
 
 from trainer.agents.environment import Environment, Observation
 from trainer.agents.formats import ObservationEncoder, supports_tools
+from trainer.agents.scheduler import EpisodeActions, run_episodes
 from trainer.agents.tools import ToolBox, as_tool, check_requirements
 from trainer.allow_list import ENVIRONMENTS, TOOLS, resolve
 from trainer.config import GenerationConfig
 from trainer.config.environment import EnvironmentConfig
 from trainer.data.tokenize import encode_prompt
-from trainer.errors import AlignflowError
+from trainer.errors import AlignflowError, ConfigError
 from trainer.online.engines import RolloutEngine, as_engine
 from trainer.online.rollout import ScoredRollout, left_pad, positions_from_mask, stop_token_ids
 from trainer.tracking.timing import PhaseTimer
@@ -62,6 +68,7 @@ class Episode:
     num_turns: int = 0
     num_tool_calls: int = 0
     num_tool_errors: int = 0
+    tool_seconds: float = 0.0
     done: bool = False
     truncated: bool = False
 
@@ -89,6 +96,7 @@ class AgentRollout:
             check_requirements(tool)
         self.toolbox = ToolBox(tools, config.tool_timeout_seconds, config.max_tool_output_chars)
         self.observations = ObservationEncoder(tokenizer)
+        self.max_concurrent_steps = concurrent_steps(config, self.environment_class)
 
     def start(self, row: dict) -> Episode:
         environment = self.environment_class(self.toolbox)
@@ -109,17 +117,11 @@ class AgentRollout:
         engine = as_engine(sampler)
         stops = stop_token_ids(tokenizer, options)
         episodes = [self.start(row) for row in rows]
-        phases, tool_seconds = PhaseTimer(), 0.0  # this rollout's own, for its `agent/*` metrics
-        with ThreadPoolExecutor(self.config.max_concurrent_episodes, thread_name_prefix="environment") as pool:
-            while active := [e for e in episodes if not e.done]:
-                with phases.phase("generate"):
-                    self.sample_turns(engine, active, options, stops, device)
-                stepping = [e for e in active if not e.done]
-                with phases.phase("environment"):
-                    answers = list(pool.map(self.step, stepping))
-                for episode, observation in zip(stepping, answers):
-                    tool_seconds += observation.tool_seconds
-                    self.append_observation(episode, observation)
+        phases = PhaseTimer()  # this rollout's own, for its `agent/*` metrics
+        actions = EpisodeActions(partial(self.sample_turns, engine, options=options, stops=stops, device=device),
+                                 self.step, self.append_observation)
+        run_episodes(self.config.schedule, episodes, actions, max_concurrent_steps=self.max_concurrent_steps,
+                     phases=phases)
         batch, engine_logps = self.to_batch(episodes, device)
         prompts = [str(e.row["prompt"]) for e in episodes]
         finals = [e.last_turn for e in episodes]
@@ -130,12 +132,12 @@ class AgentRollout:
         if timer is not None:
             timer.add(phases)
         timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
-                   "tools": tool_seconds}
+                   "tools": sum(e.tool_seconds for e in episodes)}
         return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=episode_metrics(episodes, timings),
                              trajectories=trajectories,
                              tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes])
 
-    def sample_turns(self, engine: RolloutEngine, active: list[Episode], options: GenerationConfig,
+    def sample_turns(self, engine: RolloutEngine, active: list[Episode], *, options: GenerationConfig,
                      stops: list[int], device: torch.device) -> None:
         """One model turn for every active episode, in one generate call."""
         budgets = [min(options.max_new_tokens, self.config.max_total_tokens - len(e.ids)) for e in active]
@@ -165,6 +167,7 @@ class AgentRollout:
     def append_observation(self, episode: Episode, observation: Observation) -> None:
         """Count the observation and append its tokens, or end the episode (done, or cut by a limit)."""
         episode.reward += observation.reward
+        episode.tool_seconds += observation.tool_seconds
         episode.num_tool_calls += observation.num_tool_calls
         episode.num_tool_errors += observation.num_tool_errors
         if observation.done:
@@ -200,6 +203,22 @@ class AgentRollout:
             return batch, None
         logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
         return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+def concurrent_steps(config: EnvironmentConfig, environment_class: type[Environment]) -> int:
+    """Environment steps that may run at once: `environment.max_concurrent_episodes`, or fewer where the
+    environment class sets its own `max_concurrent_steps`.
+
+    Raises:
+        ConfigError: The class's `max_concurrent_steps` is not a positive integer.
+    """
+    own = environment_class.max_concurrent_steps
+    if own is None:
+        return config.max_concurrent_episodes
+    if isinstance(own, bool) or not isinstance(own, int) or own < 1:
+        raise ConfigError(f"environment.name: {config.name!r} sets max_concurrent_steps = {own!r}, expected a "
+                          "positive integer or None")
+    return min(config.max_concurrent_episodes, own)
 
 
 def episode_metrics(episodes: list[Episode], timings: dict[str, float]) -> dict[str, float]:

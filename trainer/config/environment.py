@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -55,7 +55,16 @@ class EnvironmentConfig(Section):
         "the environment is built, so a run whose tools cannot run code stops there (docs/sandbox.md).",
     )
     max_concurrent_episodes: int = Field(
-        8, gt=0, description="Episodes whose environment steps (and tool calls) run at once, on a thread pool.",
+        8, gt=0, description="Episodes whose environment steps (and tool calls) run at once, on a thread pool (fewer "
+        "where the environment sets its own `max_concurrent_steps`).",
+    )
+    schedule: Literal["lockstep", "as_ready"] = Field(
+        "lockstep", description="When episodes take their turns. `lockstep`: all running episodes are sampled in one "
+        "generate call per turn and the next turn waits for every environment's answer; the same rows and seed give "
+        "the same episodes, so a resumed run is bit-identical. `as_ready`: an episode's next turn is sampled as soon "
+        "as its environment has answered, with whichever episodes are ready then, while the other tools run; faster "
+        "when tool latency or episode lengths vary, but with temperature sampling the episodes depend on timing "
+        "(greedy decoding with deterministic environments gives lockstep's episodes).",
     )
 
     @field_validator("sandbox", mode="before")
