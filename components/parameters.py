@@ -41,6 +41,8 @@ SHARED = {
     "s3_secret": "Name of an existing Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
     "job_root": "Checkpoint and log root of this stage; empty uses a folder beside the model.",
     "parent_run_id": "The pipeline's MLflow run (from open_lineage); this stage's run nests under it.",
+    "task_name": "This task's name in the pipeline run (dsl.PIPELINE_TASK_NAME_PLACEHOLDER): where KFP's MLflow "
+                 "integration opens a run per task, the stage's run nests under the one of this name.",
     "scheduling": "Overrides of the platform's scheduling defaults for this job's pods, e.g. {\"cpu_request\": \"8\", "
                   "\"memory_limit\": \"96Gi\", \"active_deadline_seconds\": 86400, \"pending_timeout_seconds\": 600}; "
                   "keys are listed in components/launcher/settings/options.py.",

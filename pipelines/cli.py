@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--params-file", type=Path, default=None,
                              help="YAML parameters file (and the dataset manifest it names); --param wins over it.")
         command.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Pipeline parameter.")
-        command.add_argument("--experiment", default="alignflow", help="KFP experiment (created if missing).")
+        command.add_argument("--experiment", default="alignflow",
+                             help="KFP experiment (created if missing), and the MLflow experiment of the run's MLflow "
+                                  "runs where KFP's MLflow plugin opens them (KFP 2.17: plugins_input).")
         command.add_argument("--service-account", default=os.environ.get("KFP_SERVICE_ACCOUNT", ""),
                              help="ServiceAccount of the run's pods (default: KFP_SERVICE_ACCOUNT, else the "
                                   "namespace's default, `default-editor` in a Kubeflow profile).")

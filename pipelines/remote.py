@@ -17,8 +17,8 @@ namespace (`namespace`, from `--namespace` or `KFP_NAMESPACE`): experiments, run
 and uploaded pipelines live there.
 
 Following a run (`wait_for_run`) survives a flaky API: transient errors (connection failures,
-timeouts, HTTP 408/429/5xx: the launcher's one definition, components/launcher/shared/retry.py) are
-retried with exponential backoff; anything else fails at once.
+timeouts, HTTP 408/429/500/502/503/504: the one definition, trainer/http/transient.py) are retried with
+exponential backoff; anything else fails at once.
 Creating a run is never retried (a retried create could start the run twice).
 """
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.launcher.shared.retry import RetryPolicy
 from trainer.errors import PipelineError
+from trainer.http.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class RunOptions:
     """How a run or a recurring run is started.
 
     Attributes:
-        experiment: KFP experiment (created when missing).
+        experiment: KFP experiment (created when missing), and the MLflow experiment KFP 2.17's MLflow plugin opens
+            the run's MLflow runs in (`plugins_input.mlflow.experiment_name`: run_requests.py).
         service_account: Kubernetes ServiceAccount the run's pods use; empty: the namespace's default
             (in multi-user Kubeflow, the profile's `default-editor`).
         pipeline_root: Where the run's artifacts go (s3://, minio://); empty: the KFP default.
@@ -154,15 +155,17 @@ class RunOptions:
 
 
 def start_run(name: str, endpoint: Endpoint, params: dict, options: RunOptions, run_name: str | None) -> str:
-    """Create a run of pipeline `name`; returns its id."""
+    """Create a run of pipeline `name` in `options.experiment` (KFP's and MLflow's); returns its id."""
+    from pipelines.run_requests import create_run, mlflow_plugins_input
+
     client = make_client(endpoint)
+    experiment_id = client.create_experiment(options.experiment, namespace=endpoint.namespace).experiment_id
     with tempfile.TemporaryDirectory() as scratch:
         package = compile_package(name, Path(scratch))
-        run = client.create_run_from_pipeline_package(
-            str(package), arguments=params, experiment_name=options.experiment, namespace=endpoint.namespace,
-            run_name=run_name or f"{name} {time.strftime('%Y-%m-%d %H:%M')}",
-            service_account=options.service_account or None, pipeline_root=options.pipeline_root or None)
-    return run.run_id
+        return create_run(client, package, experiment_id=experiment_id,
+                          display_name=run_name or f"{name} {time.strftime('%Y-%m-%d %H:%M')}", params=params,
+                          pipeline_root=options.pipeline_root or None, service_account=options.service_account or None,
+                          plugins_input=mlflow_plugins_input(options.experiment))
 
 
 def wait_for_run(endpoint: Endpoint, run_id: str, timeout: float, poll_seconds: float = 10.0,
@@ -198,9 +201,12 @@ def schedule(name: str, endpoint: Endpoint, params: dict, options: RunOptions, c
 
     KFP cannot change a recurring run in place: the new one is created first, then any earlier one of
     the same name in the experiment is deleted, so running this again (each `helm upgrade`) updates
-    the schedule without leaving a duplicate, and a failed create leaves the old schedule in place.
+    the schedule without leaving a duplicate, and a failed create leaves the old schedule in place. Each run it
+    starts has its MLflow runs in MLflow experiment `options.experiment` too (run_requests.py).
     Returns (the new recurring run's id, the ids of those it replaced).
     """
+    from pipelines.run_requests import create_recurring_run, mlflow_plugins_input
+
     client = make_client(endpoint)
     display_name = job_name or f"{name}-retrain"
     experiment_id = client.create_experiment(options.experiment, namespace=endpoint.namespace).experiment_id
@@ -209,13 +215,13 @@ def schedule(name: str, endpoint: Endpoint, params: dict, options: RunOptions, c
     earlier = [r.recurring_run_id for r in (listed.recurring_runs or []) if r.display_name == display_name]
     with tempfile.TemporaryDirectory() as scratch:
         package = compile_package(name, Path(scratch))
-        recurring = client.create_recurring_run(
-            experiment_id, display_name, cron_expression=cron_with_seconds(cron), pipeline_package_path=str(package),
-            params=params, service_account=options.service_account or None,
-            pipeline_root=options.pipeline_root or None)
+        recurring_id = create_recurring_run(
+            client, package, experiment_id=experiment_id, display_name=display_name, cron=cron_with_seconds(cron),
+            params=params, pipeline_root=options.pipeline_root or None,
+            service_account=options.service_account or None, plugins_input=mlflow_plugins_input(options.experiment))
     for recurring_run_id in earlier:
         client.delete_recurring_run(recurring_run_id)
-    return recurring.recurring_run_id, earlier
+    return recurring_id, earlier
 
 
 def upload(name: str, endpoint: Endpoint, pipeline_name: str | None, version: str | None) -> tuple[str, str]:

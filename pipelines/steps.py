@@ -84,9 +84,12 @@ def prepare(lineage: dsl.PipelineTask, base_model_uri: str, **dataset_uris: str)
 
 
 def stage_arguments(cluster: dict, lineage: dsl.PipelineTask, scheduling: dict) -> dict:
-    """What every training stage receives: the cluster arguments, the MLflow parent run to nest under, and the
-    run's `scheduling` overrides of the platform's pod defaults (components/launcher/settings/options.py)."""
-    return {**cluster, "parent_run_id": lineage.output, "scheduling": scheduling}
+    """What every training stage receives: the cluster arguments, the MLflow parent run to nest under, its own task
+    name (where KFP's MLflow integration opens a run per task, the stage's run nests under its task's:
+    components/lineage/kfp_mlflow.py), and the run's `scheduling` overrides of the platform's pod defaults
+    (components/launcher/settings/options.py)."""
+    return {**cluster, "parent_run_id": lineage.output, "scheduling": scheduling,
+            "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER}
 
 
 def sft_stage(run: Mapping[str, Any], inputs: dsl.PipelineTask, stage: dict) -> dsl.PipelineTask:

@@ -17,7 +17,7 @@ def train_grpo(
     rollout_engine: str = "hf", environment: str = "",
     # Where the job runs: the same parameters in every component that launches one (components/parameters.py).
     launcher_mode: str = "kubernetes", trainer_image: str = "", num_nodes: int = 1, gpus_per_node: int = 1,
-    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {},
+    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {}, task_name: str = "",
 ):
     """Optimise a policy with GRPO: groups of sampled responses, group-normalised advantages, no critic.
 

@@ -128,11 +128,14 @@ def run_training_component(stage: str, params: dict[str, Any]) -> dict[str, floa
     job_root = params.get("job_root") or default_job_root(model.uri, params["run_id"], stage)
     config = stage_config(stage, params)
     cluster = cluster_options(params, config=config)
-    # The stage's run nests under the pipeline's MLflow run (components/lineage), or under KFP's task run where
-    # KFP's MLflow integration opened one (components/lineage/kfp_mlflow.py).
+    # The stage's run nests under the pipeline's MLflow run (components/lineage), or under KFP's run for this task
+    # where KFP's MLflow integration is on (components/lineage/kfp_mlflow.py). A local job runs beside this pod's
+    # own service-account token; a pod on the cluster has one for MLflow only where the platform mounts it.
     from components.lineage.kfp_mlflow import stage_job_env
 
-    cluster.env = {**cluster.env, **stage_job_env(params.get("parent_run_id") or "")}
+    has_token = cluster.mode == "local" or bool(cluster.mlflow_token_audience)
+    cluster.env = {**cluster.env, **stage_job_env(params.get("parent_run_id") or "", params.get("task_name") or "",
+                                                  has_token=has_token)}
     final = run_stage_job(stage, config, model_uri=model.uri, job_root=job_root, run_id=params["run_id"],
                           task=f"{stage}", cluster=cluster)
     for key, value in final.items():

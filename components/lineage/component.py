@@ -21,8 +21,8 @@ def open_lineage(
     from `dataset_sha256` (the retrain's dataset manifest). The run is tagged with the KFP run id,
     the pipeline's name and version, and logs each dataset as an MLflow input (URI and hash). A
     retried task finds and reuses the run it opened before. Where KFP's own MLflow integration opened
-    the pipeline's run (KFP 2.17: the task has MLFLOW_RUN_ID), the lineage goes on that run and its id
-    is returned: no second parent is opened.
+    the pipeline's run (KFP 2.17: the task has KFP_MLFLOW_CONFIG), the lineage goes on that run and its
+    id is returned: no second parent is opened.
 
     Args:
         pipeline: The pipeline's name (e.g. rlhf-dpo).

@@ -28,14 +28,27 @@ EVAL_NAMES = ("eval", "held_out")
 
 
 def tracking_client():
-    """An MlflowClient on MLFLOW_TRACKING_URI (MLflow's own default, `sqlite:///mlflow.db`, without one)."""
+    """An MlflowClient on KFP's MLflow server, authenticated as KFP's own calls are, where KFP's MLflow integration
+    is on (kfp_mlflow.py); else on MLFLOW_TRACKING_URI (MLflow's own default, `sqlite:///mlflow.db`, without one)."""
     from mlflow import MlflowClient
 
+    from components.lineage.kfp_mlflow import read_kfp_mlflow, use_kfp_mlflow_auth
+
+    kfp = read_kfp_mlflow()
+    if kfp is not None:
+        use_kfp_mlflow_auth(kfp)
+        return MlflowClient(tracking_uri=kfp.endpoint)
     return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
 
 
 def experiment_id(client) -> str:
-    """The experiment stage runs use too: MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME, else `alignflow`."""
+    """The experiment stage runs use too: KFP's where its MLflow integration is on, else MLFLOW_EXPERIMENT_ID,
+    MLFLOW_EXPERIMENT_NAME, else `alignflow`."""
+    from components.lineage.kfp_mlflow import read_kfp_mlflow
+
+    kfp = read_kfp_mlflow()
+    if kfp is not None:
+        return kfp.experiment_id
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
         return os.environ["MLFLOW_EXPERIMENT_ID"]
     from trainer.tracking.experiment import get_or_create_experiment
@@ -118,13 +131,10 @@ def _log_lineage(client, run_id: str, *, pipeline: str, version: str, base_model
         client.log_inputs(run_id, datasets=_dataset_inputs(hashed))
 
 
-def _tag_kfp_pipeline_run(client, task, *, pipeline: str, version: str, kfp_run_id: str, base_model_uri: str,
-                          hashed: dict[str, dict]) -> str:
-    """KFP's MLflow integration opened the pipeline's run: put the lineage on it (a retried task again: tags and
-    unchanged params are idempotent, inputs are logged once) and return its id; no second parent is opened."""
-    from components.lineage.kfp_mlflow import kfp_pipeline_run
-
-    run_id = kfp_pipeline_run(client, task)
+def _tag_kfp_pipeline_run(client, run_id: str, *, pipeline: str, version: str, kfp_run_id: str,
+                          base_model_uri: str, hashed: dict[str, dict]) -> str:
+    """KFP's MLflow integration opened the pipeline's run `run_id`: put the lineage on it (a retried task again:
+    tags and unchanged params are idempotent, inputs are logged once) and return its id; no second parent."""
     is_tagged = client.get_run(run_id).data.tags.get(KIND_TAG) == "pipeline"
     for key, value in {KIND_TAG: "pipeline", PIPELINE_RUN_TAG: kfp_run_id, PIPELINE_TAG: pipeline,
                        VERSION_TAG: version}.items():
@@ -142,14 +152,14 @@ def open_pipeline_run(*, pipeline: str, version: str, kfp_run_id: str, datasets:
     Where KFP's MLflow integration opened the pipeline's run (`kfp_mlflow.py`), the lineage goes on that run
     and its id is returned instead.
     """
-    from components.lineage.kfp_mlflow import kfp_task_run
+    from components.lineage.kfp_mlflow import read_kfp_mlflow
 
     hashed = hash_datasets(datasets, expected or {})  # fails before anything is written
-    task = kfp_task_run()
+    kfp = read_kfp_mlflow()
     client = tracking_client()
-    if task is not None:
-        return _tag_kfp_pipeline_run(client, task, pipeline=pipeline, version=version, kfp_run_id=kfp_run_id,
-                                     base_model_uri=base_model_uri, hashed=hashed)
+    if kfp is not None:
+        return _tag_kfp_pipeline_run(client, kfp.pipeline_run_id, pipeline=pipeline, version=version,
+                                     kfp_run_id=kfp_run_id, base_model_uri=base_model_uri, hashed=hashed)
     experiment = experiment_id(client)
     run_id = find_pipeline_run(client, experiment, kfp_run_id)
     if run_id is None:
@@ -181,18 +191,20 @@ def delete_run_jobs(kfp_run_id: str, launcher_mode: str) -> list[str]:
 
 def close_pipeline_run(kfp_run_id: str, kfp_state: str, error_message: str = "") -> str:
     """Mark the KFP run's parent run with the MLflow status matching KFP's final state; returns that
-    status, or "" when the run never opened one (its first step failed)."""
-    from components.lineage.kfp_mlflow import kfp_task_run
+    status, or "" when the run never opened one (its first step failed). A run KFP's MLflow integration opened
+    only gets the error, if any: KFP's API server closes it when the pipeline run ends."""
+    from components.lineage.kfp_mlflow import read_kfp_mlflow
 
     status = FINAL_STATUS.get(str(kfp_state).upper(), "FAILED")
+    kfp = read_kfp_mlflow()
     client = tracking_client()
-    run_id = find_pipeline_run(client, experiment_id(client), kfp_run_id)
+    run_id = kfp.pipeline_run_id if kfp is not None else find_pipeline_run(client, experiment_id(client), kfp_run_id)
     if run_id is None:
         logger.warning("no MLflow parent run is tagged with KFP run %s; nothing to close", kfp_run_id)
         return ""
     if error_message:
         client.set_tag(run_id, "alignflow.error", error_message[:5000])
-    if kfp_task_run() is not None:  # KFP's run: KFP's API server closes it when the pipeline run ends
+    if kfp is not None:
         logger.info("MLflow run %s belongs to KFP's MLflow integration, which closes it (%s)", run_id, status)
         return status
     client.set_terminated(run_id, status=status)

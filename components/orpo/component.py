@@ -16,7 +16,7 @@ def train_orpo(
     settings: dict = {},
     # Where the job runs: the same parameters in every component that launches one (components/parameters.py).
     launcher_mode: str = "kubernetes", trainer_image: str = "", num_nodes: int = 1, gpus_per_node: int = 1,
-    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {},
+    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {}, task_name: str = "",
 ):
     """Align a model to preference pairs with ORPO: the chosen answer's NLL plus an odds-ratio term, no reference.
 

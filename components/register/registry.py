@@ -3,7 +3,7 @@ with the aliases `candidate` (every registration) and `champion` (when it beats 
 
 The model is logged once, here: `mlflow_model.write_mlflow_model` makes the candidate's exported
 directory an MLflow model in place, and the version's source is that directory (no second copy).
-The version's run is the candidate stage's MLflow run (nested under the pipeline's parent run), so
+The version's run is the candidate stage's MLflow run (below the pipeline's parent run), so
 the registry, the stage run, the parent run and the KFP run point at each other.
 
 Champion comparison: the evaluation job scored the champion live beside the candidate, on the same
@@ -67,13 +67,15 @@ def headline_metric(scores: dict[str, float]) -> str:
 
 
 def find_stage_run(client, experiment: str, parent_run_id: str, stage: str) -> str | None:
-    """The newest run of `stage` nested under the pipeline's parent run."""
+    """The newest run of `stage` below the pipeline's parent run: nested in it, or deeper where KFP's MLflow
+    integration put a run for the stage's task (and its groups) in between (components/lineage/kfp_mlflow.py)."""
+    from components.lineage.kfp_mlflow import descends_from
+
     if not parent_run_id or not stage:
         return None
-    runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
-                                            f"tags.`{TASK_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"],
-                              max_results=1)
-    return runs[0].info.run_id if runs else None
+    runs = client.search_runs([experiment], f"tags.`{TASK_TAG}` = '{stage}'", order_by=["attributes.start_time DESC"],
+                              max_results=50)
+    return next((run.info.run_id for run in runs if descends_from(client, run.info.run_id, parent_run_id)), None)
 
 
 def _registration_run(client, experiment: str, parent_run_id: str, kfp_run_id: str) -> str:

@@ -15,7 +15,7 @@ def train_reward_model(
     lr: float = 1e-5, max_epochs: int = 1, micro_batch_size: int = 8, max_length: int = 1024, settings: dict = {},
     # Where the job runs: the same parameters in every component that launches one (components/parameters.py).
     launcher_mode: str = "kubernetes", trainer_image: str = "", num_nodes: int = 1, gpus_per_node: int = 1,
-    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {},
+    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {}, task_name: str = "",
 ):
     """Train a reward model (backbone plus scalar head) on preference pairs.
 

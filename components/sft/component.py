@@ -16,7 +16,7 @@ def train_sft(
     max_length: int = 1024, settings: dict = {},
     # Where the job runs: the same parameters in every component that launches one (components/parameters.py).
     launcher_mode: str = "kubernetes", trainer_image: str = "", num_nodes: int = 1, gpus_per_node: int = 1,
-    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {},
+    s3_secret: str = "", job_root: str = "", parent_run_id: str = "", scheduling: dict = {}, task_name: str = "",
 ):
     """Fine-tune a causal LM on chat or prompt/completion data (loss on completions only).
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helm.chart import containers, one, pods, render
 
-KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
+KEYS = {"ALIGNFLOW_DEFAULTS_CONFIGMAP", "ALIGNFLOW_MLFLOW_SECRET", "ALIGNFLOW_MLFLOW_TOKEN_AUDIENCE", "ALIGNFLOW_LAUNCHER_IMAGE", "ALIGNFLOW_TRAINER_IMAGE", "ALIGNFLOW_TRAINER_VLLM_IMAGE", "ALIGNFLOW_SERVICE_ACCOUNT", "ALIGNFLOW_PIPELINE_ROOT",
         "ALIGNFLOW_S3_BUCKET", "ALIGNFLOW_S3_SECRET", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI",
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL", "KFP_HOST", "KFP_NAMESPACE", "ALIGNFLOW_NODE_SELECTOR",
         "ALIGNFLOW_TOLERATIONS", "ALIGNFLOW_GPU_RESOURCE", "ALIGNFLOW_PRIORITY_CLASS", "ALIGNFLOW_KUEUE_QUEUE",
@@ -43,6 +43,7 @@ def test_defaults():
         "MLFLOW_TRACKING_URI": "",
         "ALIGNFLOW_MLFLOW_SECRET": "",
         "ALIGNFLOW_MLFLOW_EXTERNAL_URL": "",
+        "ALIGNFLOW_MLFLOW_TOKEN_AUDIENCE": "",
         "KFP_HOST": "http://ml-pipeline.kubeflow:8888",
         "KFP_NAMESPACE": "",
         "ALIGNFLOW_NODE_SELECTOR": "{}",
@@ -77,7 +78,8 @@ def test_configured_platform():
                    "trainer": {"repository": "registry.corp/ml/trainer", "tag": "1.2"}},
         "serviceAccount": {"name": "alignflow-runner"},
         "s3": {"endpoint": "http://minio.storage:9000", "region": "eu-west-1", "credentialsSecret": "s3-keys"},
-        "mlflow": {"enabled": True, "externalUrl": "https://mlflow.corp.example", "credentialsSecret": "mlflow-auth"},
+        "mlflow": {"enabled": True, "externalUrl": "https://mlflow.corp.example", "credentialsSecret": "mlflow-auth",
+                   "tokenAudience": "mlflow.corp.example"},
         "gpu": {"nodeSelector": {"nvidia.com/gpu.present": "true"}, "resourceName": "nvidia.com/mig-1g.10gb",
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
         "scheduling": {"priorityClassName": "training", "kueueQueue": "gpu-queue"},
@@ -100,6 +102,7 @@ def test_configured_platform():
     assert data["MLFLOW_TRACKING_URI"] == "http://af-alignflow-mlflow.ml.svc:5000"
     assert data["ALIGNFLOW_MLFLOW_EXTERNAL_URL"] == "https://mlflow.corp.example"
     assert data["ALIGNFLOW_MLFLOW_SECRET"] == "mlflow-auth"
+    assert data["ALIGNFLOW_MLFLOW_TOKEN_AUDIENCE"] == "mlflow.corp.example"
     assert json.loads(data["ALIGNFLOW_NODE_SELECTOR"]) == {"nvidia.com/gpu.present": "true"}
     assert json.loads(data["ALIGNFLOW_TOLERATIONS"]) == [{"key": "nvidia.com/gpu", "operator": "Exists",
                                                           "effect": "NoSchedule"}]

@@ -44,12 +44,15 @@ def start_moto(log_dir: Path) -> tuple[subprocess.Popen, str]:
     return process, endpoint
 
 
-def start_mlflow(log_dir: Path, artifacts: str, extra_env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """`mlflow server` with a sqlite backend, artifacts proxied to `artifacts`, one worker."""
+def start_mlflow(log_dir: Path, artifacts: str, extra_env: dict[str, str],
+                 extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """`mlflow server` with a sqlite backend, artifacts proxied to `artifacts`, one worker (and `extra_args`, such
+    as `--enable-workspaces`)."""
     port = free_port()
     log = log_dir / f"mlflow-{port}.log"
     command = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{log_dir}/mlflow-{port}.db",
-               "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+               "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               *extra_args]
     # Without MLflow's job runner, as the chart runs it (a runner and seven consumer processes, 16 s of CPU).
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **extra_env}
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)

@@ -1,25 +1,34 @@
-"""One MLflow tree per pipeline run, with and without KFP's own MLflow integration (KFP 2.17, KEP-12862).
+"""One MLflow tree per pipeline run, with KFP 2.17's MLflow integration at its defaults and without it.
 
-A small pipeline (open_lineage -> train_sft in local mode -> finish_run as the exit handler) runs on kfp.local
-against a real `mlflow server`. With the integration on, what KFP's backend does around each task is reproduced
-from its source (kubeflow/pipelines 2.17.0):
-- the API server opens the pipeline's run, tagged `kfp.pipeline_run_id` and `kfp.pipeline_run_url`
-  (`backend/src/apiserver/plugins/mlflow/run_start.go`, `BuildKFPTags`);
-- the driver opens each task's nested run, named after the task, tagged `mlflow.parentRunId` = the pipeline's run,
-  in the same experiment (`backend/src/v2/common/plugins/mlflow/handler.go`, `OnTaskStart`), and gives the user
-  container `MLFLOW_RUN_ID` (that run), `MLFLOW_TRACKING_URI` and `MLFLOW_EXPERIMENT_ID`
-  (`RetrieveUserContainerEnvVars`);
-- the launcher marks the task's run FINISHED or FAILED when it ends (`OnTaskEnd`).
-kfp.local has no driver, so `KfpMlflowBackend` does those three things around kfp.local's task subprocess.
+A small pipeline shaped like alignflow's (open_lineage, then inside the exit handler finish_run a `dsl.If` around
+train_sft in local mode, wired by pipelines/steps.py's `stage_arguments`) runs on kfp.local. With the integration on,
+what KFP 2.17 does around each task is played by tests/integration/kfp_mlflow_standin.py at KFP's defaults: no
+`injectUserEnvVars`, so a task has KFP_MLFLOW_CONFIG and nothing else. MLflow is a real
+`mlflow server --enable-workspaces` behind tests/integration/mlflow_gateway.py, which refuses any request without
+the service-account token or the workspace, as KFP's default `kubernetes` auth with workspaces does.
+
+Where a pod would read its service-account token (/var/run/secrets/kubernetes.io/serviceaccount/token: the
+component pod's own, or the projected one of a training pod, pod/mlflow_token.py), MLflow's `kubernetes` auth
+here falls back to the kubeconfig (KUBECONFIG), whose user's `tokenFile` is the token file the gateway checks. The
+component learns nothing else: the auth mode and the workspace come from KFP_MLFLOW_CONFIG, through alignflow.
 """
 
-
+# No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
 import os
+import secrets
 import uuid
 
 import pytest
+import yaml
 
-pytestmark = pytest.mark.slow  # two kfp.local runs, each training a tiny SFT stage in a local job
+from tests.integration.kfp_mlflow_standin import KfpMlflowPlugin
+from tests.integration.mlflow_gateway import MlflowGateway
+from tests.integration.services import start_mlflow, stop
+
+pytestmark = pytest.mark.slow  # kfp.local runs, each training a tiny SFT stage in a local job
+NAMESPACE = "team-a"
+CLIENT_SETTINGS = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                   "MLFLOW_TRACKING_AUTH", "MLFLOW_WORKSPACE", "ALIGNFLOW_PARENT_RUN_ID", "KFP_MLFLOW_CONFIG")
 
 
 def lineage_pipeline():
@@ -27,6 +36,7 @@ def lineage_pipeline():
 
     from components.lineage.component import finish_run, open_lineage
     from components.sft.component import train_sft
+    from pipelines.steps import stage_arguments
 
     @dsl.pipeline(name="kfp-mlflow")
     def pipeline(base_model_uri: str, sft_train_uri: str, sft_eval_uri: str):
@@ -34,52 +44,17 @@ def lineage_pipeline():
                                dataset_names=["sft_train"], dataset_uris=[sft_train_uri],
                                base_model_uri=base_model_uri)
         finish = finish_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, launcher_mode="local")
-        with dsl.ExitHandler(finish):
+        cluster = {"run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER, "launcher_mode": "local", "trainer_image": "",
+                   "num_nodes": 1, "gpus_per_node": 0, "s3_secret": ""}
+        with dsl.ExitHandler(finish, name="run-stages"):
             train = dsl.importer(artifact_uri=sft_train_uri, artifact_class=dsl.Dataset, reimport=False)
             held_out = dsl.importer(artifact_uri=sft_eval_uri, artifact_class=dsl.Dataset, reimport=False)
-            train_sft(train_dataset=train.output, eval_dataset=held_out.output, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                      base_model_uri=base_model_uri, lr=2e-3, micro_batch_size=4, max_length=64,
-                      settings={"train.max_steps": 2, "train.log_interval": 1}, launcher_mode="local",
-                      gpus_per_node=0, parent_run_id=lineage.output)
+            with dsl.If(lineage.output != "", name="lineage-opened"):
+                train_sft(train_dataset=train.output, eval_dataset=held_out.output, base_model_uri=base_model_uri,
+                          lr=2e-3, micro_batch_size=4, max_length=64, **stage_arguments(cluster, lineage, {}),
+                          settings={"train.max_steps": 2, "train.log_interval": 1})
 
     return pipeline
-
-
-class KfpMlflowBackend:
-    """KFP's API server, driver and launcher as far as MLflow goes (see the module docstring)."""
-
-    def __init__(self, tracking_uri: str) -> None:
-        from mlflow import MlflowClient
-
-        self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
-        name = f"kfp-{uuid.uuid4().hex[:8]}"
-        self.experiment_id = self.client.create_experiment(name)
-        kfp_run = str(uuid.uuid4())
-        self.parent = self.client.create_run(self.experiment_id, run_name="kfp-mlflow run", tags={
-            "kfp.pipeline_run_id": kfp_run, "kfp.pipeline_run_url": f"http://kfp/#/runs/details/{kfp_run}"},
-        ).info.run_id
-        self.task_runs: dict[str, str] = {}
-
-    def wrap(self, handler_class) -> object:
-        """A replacement `run` for kfp.local's subprocess task handler: the driver's and launcher's work around it."""
-        original = handler_class.run
-        backend = self
-
-        def run(handler):
-            command = handler.full_command
-            task = command[command.index("--function_to_execute") + 1].replace("_", "-")
-            run_id = backend.client.create_run(backend.experiment_id, run_name=task,
-                                               tags={"mlflow.parentRunId": backend.parent}).info.run_id
-            backend.task_runs[task] = run_id
-            handler.env_vars = {**handler.env_vars, "MLFLOW_RUN_ID": run_id,
-                                "MLFLOW_TRACKING_URI": backend.tracking_uri,
-                                "MLFLOW_EXPERIMENT_ID": backend.experiment_id}
-            outcome = original(handler)
-            backend.client.set_terminated(run_id, status="FINISHED" if outcome.name == "SUCCESS" else "FAILED")
-            return outcome
-
-        return run
 
 
 def run_pipeline(tmp_path, tiny_model, task_files):
@@ -95,50 +70,119 @@ def runs_tagged(client, experiment_ids: list[str], **tags) -> list:
     return client.search_runs(experiment_ids, query)
 
 
+@pytest.fixture(scope="module")
+def workspace_mlflow(tmp_path_factory):
+    """A real MLflow server with workspaces, and the namespace's workspace in it."""
+    from mlflow import MlflowClient
+
+    folder = tmp_path_factory.mktemp("mlflow-workspaces")
+    process, uri = start_mlflow(folder, str(folder / "artifacts"), {}, ("--enable-workspaces",))
+    MlflowClient(uri).create_workspace(NAMESPACE)
+    yield uri
+    stop(process)
+
+
 @pytest.fixture
-def platform_env(monkeypatch, mlflow_server):
-    """What the chart gives a task pod: the platform's tracking URI, no run of KFP's."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "ALIGNFLOW_PARENT_RUN_ID"):
+def kubernetes_auth(tmp_path, monkeypatch, workspace_mlflow):
+    """MLflow at KFP's default auth (the gateway), the pods' service-account token, and no MLflow settings at all
+    in the environment the tasks inherit."""
+    for name in CLIENT_SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"alignflow-{uuid.uuid4().hex[:8]}")
-    return mlflow_server
+    token_file = tmp_path / "serviceaccount-token"
+    token_file.write_text(secrets.token_urlsafe(32))
+    kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "pod",
+                  "clusters": [{"name": "cluster", "cluster": {"server": "https://127.0.0.1:9"}}],
+                  "users": [{"name": "pod", "user": {"tokenFile": str(token_file)}}],
+                  "contexts": [{"name": "pod", "context": {"cluster": "cluster", "user": "pod",
+                                                           "namespace": NAMESPACE}}]}
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    with MlflowGateway(workspace_mlflow, token_file, NAMESPACE) as gateway:
+        yield gateway
 
 
-def test_with_kfps_mlflow_integration_stages_nest_under_kfps_task_runs(platform_env, monkeypatch, tmp_path,
-                                                                         tiny_model, task_files):
-    from kfp.local import subprocess_task_handler
+@pytest.mark.parametrize("inject_user_env_vars", [False, True], ids=["kfp-defaults", "injectUserEnvVars"])
+def test_stage_runs_nest_under_kfps_group_and_task_runs_whether_or_not_kfp_names_the_task_run(
+        inject_user_env_vars, kubernetes_auth, monkeypatch, tmp_path, tiny_model, task_files, capfd):
+    from mlflow import MlflowClient
 
-    backend = KfpMlflowBackend(platform_env)
-    handler = subprocess_task_handler.SubprocessTaskHandler
-    monkeypatch.setattr(handler, "run", backend.wrap(handler))
+    gateway = kubernetes_auth
+    kfp = KfpMlflowPlugin(gateway.endpoint, gateway.token_file, NAMESPACE, experiment=f"e-{uuid.uuid4().hex[:8]}",
+                          inject_user_env_vars=inject_user_env_vars)
+    kfp.install(monkeypatch)
     run_pipeline(tmp_path, tiny_model, task_files)
+    assert gateway.refused == []  # every call, KFP's and alignflow's, showed the token and the workspace
+    # The token reached MLflow only: not the tasks' logs, nor any file of the run (configs, reports, job logs).
+    token = gateway.token_file.read_text()
+    assert token not in "".join(capfd.readouterr())
+    assert [path for path in (tmp_path / "root").rglob("*") if path.is_file() and token.encode() in path.read_bytes()
+            ] == []
 
-    client, experiments = backend.client, [backend.experiment_id]
+    # Read the tree straight from the MLflow server behind the gateway, in the namespace's workspace.
+    monkeypatch.setenv("MLFLOW_WORKSPACE", NAMESPACE)
+    client, experiments = MlflowClient(f"http://{gateway.upstream}"), [kfp.experiment_id]
     # One tree: KFP's pipeline run carries the lineage; alignflow opened no parent of its own, anywhere.
     [pipeline_run] = runs_tagged(client, experiments, **{"alignflow.kind": "pipeline"})
-    assert pipeline_run.info.run_id == backend.parent
-    assert pipeline_run.data.tags["alignflow.pipeline"] == "kfp-mlflow"
+    assert pipeline_run.info.run_id == kfp.pipeline_run
+    assert pipeline_run.data.tags["kfp.pipeline_run_id"] == kfp.kfp_run_id
     assert pipeline_run.data.params["base_model_uri"] == str(tiny_model)
     assert [d.dataset.name for d in pipeline_run.inputs.dataset_inputs] == ["sft_train"]
     everywhere = [e.experiment_id for e in client.search_experiments()]
-    assert len(runs_tagged(client, everywhere, **{"alignflow.kind": "pipeline"})) == 1
-    # The stage's run nests under the run KFP made for the train-sft task, in KFP's experiment.
+    this_run = {"alignflow.pipeline_run_id": pipeline_run.data.tags["alignflow.pipeline_run_id"]}
+    assert len(runs_tagged(client, everywhere, **{"alignflow.kind": "pipeline"}, **this_run)) == 1
+    # KFP's nesting: pipeline run > exit handler > If > train-sft; the stage's run under its task's run.
+    runs = kfp.runs
+    exit_handler = next(name for name in runs if name.startswith("exit-handler"))
+    condition = next(name for name in runs if name.startswith("condition"))
+    parent = {name: client.get_run(run_id).data.tags["mlflow.parentRunId"] for name, run_id in runs.items()}
+    assert parent[exit_handler] == kfp.pipeline_run
+    assert parent[condition] == runs[exit_handler] and parent["train-sft"] == runs[condition]
+    assert parent["open-lineage"] == parent["finish-run"] == kfp.pipeline_run
     [stage] = runs_tagged(client, experiments, **{"alignflow.kind": "stage"})
-    assert stage.data.tags["mlflow.parentRunId"] == backend.task_runs["train-sft"]
-    assert client.get_run(backend.task_runs["train-sft"]).data.tags["mlflow.parentRunId"] == backend.parent
+    assert stage.data.tags["mlflow.parentRunId"] == runs["train-sft"]
     assert stage.info.status == "FINISHED" and len(client.get_metric_history(stage.info.run_id, "loss")) == 2
     # KFP's runs are KFP's to close: the exit handler left the pipeline's run open for KFP's API server.
-    assert client.get_run(backend.parent).info.status == "RUNNING"
-    assert set(backend.task_runs) == {"open-lineage", "train-sft", "finish-run"}
+    assert client.get_run(kfp.pipeline_run).info.status == "RUNNING"
+    # All of it in the namespace's workspace: the default workspace has none of it.
+    monkeypatch.delenv("MLFLOW_WORKSPACE")
+    assert kfp.experiment_id not in [e.experiment_id for e in client.search_experiments()]
 
 
-def test_without_it_alignflow_opens_and_closes_its_own_parent_run(platform_env, tmp_path, tiny_model, task_files):
+def test_the_stand_in_refuses_a_request_without_the_token_or_the_workspace(kubernetes_auth):
+    import urllib.error
+    import urllib.request
+
+    gateway = kubernetes_auth
+    token = gateway.token_file.read_text()
+    attempts = {"no token": {"X-MLflow-Workspace": NAMESPACE},
+                "another token": {"Authorization": "Bearer forged", "X-MLflow-Workspace": NAMESPACE},
+                "no workspace": {"Authorization": f"Bearer {token}"},
+                "another workspace": {"Authorization": f"Bearer {token}", "X-MLflow-Workspace": "team-b"}}
+    for headers in attempts.values():
+        request = urllib.request.Request(f"{gateway.endpoint}/api/2.0/mlflow/experiments/search?max_results=1",
+                                         headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code in (401, 403)
+    assert [r["reason"] for r in gateway.refused] == ["no valid service-account token", "no valid service-account "
+                                                      "token", "no workspace", "the token may not use workspace 'team-b'"]
+    request = urllib.request.Request(f"{gateway.endpoint}/api/2.0/mlflow/experiments/search?max_results=1",
+                                     headers={"Authorization": f"Bearer {token}", "X-MLflow-Workspace": NAMESPACE})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def test_without_the_integration_alignflow_opens_and_closes_its_own_parent_run(monkeypatch, mlflow_server, tmp_path,
+                                                                               tiny_model, task_files):
     from mlflow import MlflowClient
 
+    for name in CLIENT_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # what the chart gives a task pod
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"alignflow-{uuid.uuid4().hex[:8]}")
     run_pipeline(tmp_path, tiny_model, task_files)
 
-    client = MlflowClient(platform_env)
+    client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name(os.environ["MLFLOW_EXPERIMENT_NAME"])
     [pipeline_run] = runs_tagged(client, [experiment.experiment_id], **{"alignflow.kind": "pipeline"})
     [stage] = runs_tagged(client, [experiment.experiment_id], **{"alignflow.kind": "stage"})

@@ -4,6 +4,10 @@ It answers the calls `kfp.Client` makes for submit, schedule and upload: experim
 create), runs (create, then get, walking through scripted states), recurring runs (list, create,
 delete) and pipelines (list, upload, upload a version). A scripted run state that is an integer is
 answered as that HTTP error instead (a flaky API). Every request is recorded with its headers.
+
+`before_plugins=True` plays an API server older than KFP 2.17: a run or recurring run carrying
+`plugins_input` is refused with HTTP 400 naming the field, as those servers' JSON decoding refuses any unknown
+field (kubeflow/pipelines `backend/src/apiserver/common/utils.go`, `CustomMarshaler`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class KfpStandIn:
     def __init__(self, run_states: tuple[str | int, ...] = ("RUNNING", "SUCCEEDED"), pipelines: dict | None = None,
-                 multi_user: bool = False, on_get_run: Callable[[int], None] | None = None) -> None:
+                 multi_user: bool = False, on_get_run: Callable[[int], None] | None = None,
+                 before_plugins: bool = False) -> None:
         self.run_states = list(run_states)
         self.pipelines = dict(pipelines or {})  # display name -> pipeline id
         self.experiments: dict[str, str] = {}  # name (or namespace/name) -> experiment id
         self.recurring_runs: dict[str, dict] = {}  # id -> {"display_name", "experiment_id"}
         self.multi_user = multi_user
         self.on_get_run = on_get_run
+        self.before_plugins = before_plugins
         self.run_gets = 0
         self.requests: list[dict] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -111,6 +117,9 @@ class KfpStandIn:
             def do_POST(self) -> None:  # noqa: N802
                 request = self._record("POST")
                 path, body = request["path"], request["body"]
+                if standin.before_plugins and isinstance(body, dict) and "plugins_input" in body:
+                    message = 'proto: (line 1:2): unknown field "plugins_input"'
+                    return self._reply({"error": message, "code": 3, "message": message}, 400)
                 if path == "/apis/v2beta1/experiments":
                     experiment_id = f"exp-{len(standin.experiments) + 1}"
                     key = f"{body['namespace']}/{body['display_name']}" if body.get("namespace") else body["display_name"]

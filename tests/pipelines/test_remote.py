@@ -38,6 +38,50 @@ def test_submit_sends_the_compiled_pipeline_with_parameters_and_waits(capsys):
     assert lines[submitted + 1:] == [f"run run-1: SUCCEEDED ({kfp_api.host}/#/runs/details/run-1)"]
 
 
+def test_the_experiment_names_kfps_experiment_and_mlflows_for_runs_and_schedules():
+    """KFP 2.17's MLflow plugin reads `plugins_input.mlflow.experiment_name` (pipelines/run_requests.py)."""
+    with KfpStandIn() as kfp_api:
+        assert main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--experiment", "dpo-sweeps"]) == 0
+        assert main(["schedule", "rlhf-dpo", "--host", kfp_api.host, "--cron", "0 3 * * 1",
+                     "--experiment", "nightly"]) == 0
+        [run] = kfp_api.sent("POST", "/apis/v2beta1/runs")
+        [recurring] = kfp_api.sent("POST", "/apis/v2beta1/recurringruns")
+    assert run["body"]["experiment_id"] == kfp_api.experiments["dpo-sweeps"]
+    assert run["body"]["plugins_input"] == {"mlflow": {"experiment_name": "dpo-sweeps"}}
+    assert recurring["body"]["experiment_id"] == kfp_api.experiments["nightly"]
+    assert recurring["body"]["plugins_input"] == {"mlflow": {"experiment_name": "nightly"}}
+    assert recurring["body"]["mode"] == "ENABLE" and recurring["body"]["max_concurrency"] == 1
+
+
+def test_an_api_before_kfp_2_17_gets_the_run_without_plugins_input(capsys, caplog):
+    """It refuses the unknown field, which created nothing: the run is sent once more without it."""
+    with KfpStandIn(before_plugins=True) as kfp_api:
+        assert main(["submit", "rlhf-dpo", "--host", kfp_api.host, "--experiment", "dpo-sweeps"]) == 0
+        assert main(["schedule", "rlhf-dpo", "--host", kfp_api.host, "--cron", "0 3 * * 1"]) == 0
+        first, second = kfp_api.sent("POST", "/apis/v2beta1/runs")
+        refused, accepted = kfp_api.sent("POST", "/apis/v2beta1/recurringruns")
+    assert "plugins_input" in first["body"] and "plugins_input" not in second["body"]
+    assert "plugins_input" in refused["body"] and "plugins_input" not in accepted["body"]
+    assert second["body"]["experiment_id"] == kfp_api.experiments["dpo-sweeps"]
+    assert "run run-1: submitted" in capsys.readouterr().out
+    assert "older than KFP 2.17" in caplog.text
+
+
+def test_only_a_refusal_naming_plugins_input_sends_the_run_again():
+    from kfp_server_api.exceptions import ApiException
+
+    from pipelines.run_requests import is_plugins_input_refused
+
+    def refusal(status: int, message: str) -> ApiException:
+        err = ApiException(status=status)
+        err.body = message.encode()
+        return err
+
+    assert is_plugins_input_refused(refusal(400, '{"message": "proto: unknown field \\"plugins_input\\""}'))
+    assert not is_plugins_input_refused(refusal(400, '{"message": "invalid runtime_config"}'))
+    assert not is_plugins_input_refused(refusal(403, '{"message": "plugins_input: not allowed"}'))
+
+
 def test_submit_wait_fails_when_the_run_fails(capsys):
     with KfpStandIn(run_states=("RUNNING", "FAILED")) as kfp_api:
         code = main(["submit", "rlhf-grpo", "--host", kfp_api.host, "--wait", "--poll-seconds", "0.05"])

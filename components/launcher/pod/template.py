@@ -12,8 +12,9 @@ namespace labelled `pod-security.kubernetes.io/enforce: restricted`:
   profile (`seccompProfile: RuntimeDefault`);
 - the `pytorch` container cannot gain privileges (`allowPrivilegeEscalation: false`) and drops
   every Linux capability (`capabilities.drop: [ALL]`);
-- the only volume is an in-memory `emptyDir` for /dev/shm (no hostPath), and the service account
-  token is not mounted: the trainer never talks to the Kubernetes API.
+- the only volumes are an in-memory `emptyDir` for /dev/shm (no hostPath) and, where the platform
+  enables it, a token for MLflow alone (`mlflow_token.py`); the service account's own token is not
+  mounted: the trainer never talks to the Kubernetes API.
 
 What a GPU pod needs on top: nothing. With the NVIDIA device plugin (or the GPU Operator, which
 installs it) a container gets its GPUs by requesting the extended resource (`nvidia.com/gpu`, or
@@ -30,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from components.launcher.pod.mlflow_token import mlflow_token_mounts, mlflow_token_volumes
 from components.launcher.settings.options import pod_fields
 
 if TYPE_CHECKING:
@@ -116,7 +118,7 @@ def container(spec: JobSpec) -> dict:
         "ports": [dict(RENDEZVOUS_PORT)],
         "resources": resources(spec),
         "securityContext": security,
-        "volumeMounts": [shm_mount()],
+        "volumeMounts": [shm_mount(), *mlflow_token_mounts(spec)],
     }
 
 
@@ -127,7 +129,7 @@ def pod_template(spec: JobSpec, extra_env: list[dict] | None = None) -> dict:
     main["env"] += extra_env or []
     pod = {
         "containers": [main],
-        "volumes": [shm_volume(spec)],
+        "volumes": [shm_volume(spec), *mlflow_token_volumes(spec)],
         "securityContext": pod_security,
         "automountServiceAccountToken": False,
         # The trainer saves a checkpoint when it receives SIGTERM; this is how long it gets.

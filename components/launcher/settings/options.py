@@ -147,6 +147,9 @@ POD_OPTIONS: tuple[PodOption, ...] = (
               "ALIGNFLOW_S3_SECRET", in_job_spec=False),
     PodOption("mlflow_secret", "text", "", "Secret with MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN (each "
               "optional); empty: none.", "ALIGNFLOW_MLFLOW_SECRET", PLATFORM, in_job_spec=False),
+    PodOption("mlflow_token_audience", "text", "", "Audience of the service-account token the pods show MLflow "
+              "for its `kubernetes` auth (pod/mlflow_token.py); empty: the pods get no token.",
+              "ALIGNFLOW_MLFLOW_TOKEN_AUDIENCE", PLATFORM),
     PodOption("timeout_seconds", "seconds", 86400.0, "The launcher's own deadline for the whole job.", set_by=RUN,
               in_job_spec=False),
     PodOption("pending_timeout_seconds", "seconds", 900.0, "How long a pod may stay Pending for a reported reason "

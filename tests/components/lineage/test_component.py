@@ -21,7 +21,8 @@ def tracking(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)  # KFP's MLflow integration off (tests/integration covers on)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.delenv("KFP_MLFLOW_CONFIG", raising=False)  # KFP's MLflow integration off (covered below)
     return MlflowClient(uri)
 
 
@@ -95,3 +96,21 @@ def test_finish_run_without_a_parent_run_closes_nothing(tracking):
     status = dsl.PipelineTaskFinalStatus(state="FAILED", pipeline_job_resource_name="r", pipeline_task_name="t",
                                          error_code=None, error_message="open-lineage failed")
     assert finish_run.python_func(run_id="never-opened", status=status, launcher_mode="local") == ""
+
+
+def test_under_kfps_mlflow_integration_the_lineage_goes_on_kfps_run_and_kfp_closes_it(tracking, datasets,
+                                                                                       monkeypatch):
+    """KFP_MLFLOW_CONFIG alone (KFP 2.17's default: no MLFLOW_RUN_ID in the task) names KFP's pipeline run."""
+    experiment = tracking.create_experiment("KFP-Default")
+    kfp_run = tracking.create_run(experiment, run_name="rlhf-dpo run", tags={"kfp.pipeline_run_id": "kfp-run-1"})
+    config = {"endpoint": tracking.tracking_uri, "parentRunId": kfp_run.info.run_id, "experimentId": experiment,
+              "authType": "none", "timeout": "30s"}
+    monkeypatch.setenv("KFP_MLFLOW_CONFIG", json.dumps(config))
+    assert open_run(datasets) == kfp_run.info.run_id  # no second parent
+    run = tracking.get_run(kfp_run.info.run_id)
+    assert run.data.tags["alignflow.kind"] == "pipeline" and run.data.params["base_model_uri"] == "s3://models/base"
+    assert len(tracking.search_runs([experiment])) == 1
+    status = dsl.PipelineTaskFinalStatus(state="SUCCEEDED", pipeline_job_resource_name="runs/kfp-run-1",
+                                         pipeline_task_name="run-stages", error_code=None, error_message=None)
+    assert finish_run.python_func(run_id="kfp-run-1", status=status, launcher_mode="local") == "FINISHED"
+    assert tracking.get_run(kfp_run.info.run_id).info.status == "RUNNING"  # KFP's API server closes its own runs

@@ -81,6 +81,25 @@ def test_first_candidate_is_registered_tagged_linked_and_becomes_champion(tmp_pa
     assert tracking.get_run(parent).data.tags["alignflow.registered_model"] == f"{NAME}/1"
 
 
+def test_a_stage_run_below_kfps_task_and_group_runs_is_still_the_versions_run(tracking):
+    """KFP 2.17's MLflow integration puts its runs for the exit handler, an If and the task between the pipeline's
+    run and the stage's (components/lineage/kfp_mlflow.py)."""
+    from components.register.registry import find_stage_run
+
+    experiment = tracking.create_experiment("KFP-Default")
+
+    def run(parent: str = "", **tags) -> str:
+        tags = {**tags, "mlflow.parentRunId": parent} if parent else tags
+        return tracking.create_run(experiment, tags=tags).info.run_id
+
+    pipeline = run(**{"alignflow.kind": "pipeline"})
+    task = run(run(run(pipeline)))  # exit-handler-1 > condition-2 > train-grpo
+    stage = run(task, **{"alignflow.task": "grpo"})
+    run(run(), **{"alignflow.task": "grpo"})  # another pipeline run's, newer
+    assert find_stage_run(tracking, experiment, pipeline, "grpo") == stage
+    assert find_stage_run(tracking, experiment, pipeline, "dpo") is None
+
+
 def test_the_registered_model_loads_through_mlflow_from_where_it_lies(tmp_path, tiny_model, tracking, monkeypatch):
     import mlflow
 

@@ -13,7 +13,7 @@ the chart's TrainingRuntime). Everything a PyTorchJob pod gets reaches the Train
 | plain env | `trainer.env` |
 | env from Secrets (`secretKeyRef`) | Secret volumes (runtime patch), exported by `trainer.launch` (below) |
 | resources (requests, limits, GPUs) | `trainer.resourcesPerNode` (requests equal limits, below) |
-| `/dev/shm` volume, node selector, tolerations, affinity, service account, security contexts, pod labels | runtime patch (the SDK's `RuntimePatch`) |
+| `/dev/shm` volume, MLflow token volume, node selector, tolerations, affinity, service account, security contexts, pod labels | runtime patch (the SDK's `RuntimePatch`) |
 | `terminationGracePeriodSeconds`, other options passed through to the pod | a second runtime patch (`PodFields`, below) |
 | job labels, Kueue queue label | TrainJob labels (`Labels`) |
 | `runPolicy.activeDeadlineSeconds` | `spec.activeDeadlineSeconds` (`ActiveDeadlineSeconds`) |
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from components.launcher.pod.checks import check_spec
+from components.launcher.pod.mlflow_token import mlflow_token_mounts, mlflow_token_volumes
 from components.launcher.pod.spec import STAGES, job_labels
 from components.launcher.pod.template import (
     pass_through_fields,
@@ -150,9 +151,11 @@ def pod_patch(spec: JobSpec, mounts: list[dict], volumes: list[dict]) -> Any:
     )
 
     pod_security, container_security = security_contexts(spec)
-    node = ContainerPatch(name=NODE, volume_mounts=[shm_mount(), *mounts], security_context=container_security)
+    node = ContainerPatch(name=NODE, volume_mounts=[shm_mount(), *mlflow_token_mounts(spec), *mounts],
+                          security_context=container_security)
     placement = pass_through_fields(spec)
-    pod = PodSpecPatch(volumes=[shm_volume(spec), *volumes], containers=[node], security_context=pod_security,
+    pod = PodSpecPatch(volumes=[shm_volume(spec), *mlflow_token_volumes(spec), *volumes], containers=[node],
+                       security_context=pod_security,
                        **{argument: placement.get(field) for field, argument in SDK_POD_FIELDS.items()})
     job = JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(metadata={"labels": pod_labels(spec)},
                                                                        spec=pod)))
