@@ -7,8 +7,8 @@ hyper-parameters that suit a 2-layer model on a CPU.
 
 `tiny` is tuned so that every addition-task pipeline's candidate beats its SFT baseline on the held-out
 prompts (16 sampled answers a prompt, checked by the task) with confidence, so the registration gate
-opens on every seed and CPU variant measured (rlhf-agent runs the tiny tool-use task instead, and its
-gate is not yet sure: see TINY_AGENT_RUN); `tiny-reward-hacking` (rlhf-ppo only) is the same run with
+opens on every seed and CPU variant measured (rlhf-agent runs the tiny tool-use task instead, where its gate
+opens likewise: see TINY_AGENT_RUN); `tiny-reward-hacking` (rlhf-ppo only) is the same run with
 PPO's KL penalty removed and an 8x learning rate, so PPO over-optimises its reward model and the
 accuracy guard refuses it; `tiny-vllm` (rlhf-grpo, rlhf-ppo) samples
 with vLLM (`rollout_engine: vllm`) on a tiny model vLLM's CPU attention can run. `benchmarks/tiny_preset.py` reproduces
@@ -39,12 +39,13 @@ TINY_COMMON = {"sft_lr": 3e-3, "sft_epochs": 15, "sft_settings": TINY_SUPERVISED
 
 # rlhf-agent on the tiny tool-use task (`trainer.tiny.agent_task`: two-digit products with a calculator). Episodes
 # are one tool call, its result and the answer (about 100 tokens: the tiny tokenizer spells the call character by
-# character). Its SFT traces come from a teacher that mostly writes `35x48` when the first number ends in 0 or 5 (an
+# character). Its SFT traces come from a teacher that mostly writes `36x48` when the first number is even (an
 # invalid call, then an answer from memory); SFT copies that habit and GRPO unlearns it, which raises accuracy and
-# tool-call validity on every seed measured (benchmarks/tiny_preset.md). 12 SFT epochs: at 10 the copying of the
-# operands is still unlearnt on some seeds (0.03 right at seed 42).
+# tool-call validity enough for the gate on every seed and CPU variant measured (benchmarks/tiny_preset.md). The
+# evaluation stays greedy (one episode a product): the gain is large enough to confirm on 64 products. 15 SFT
+# epochs: at 12 the copying of the operands was still unlearnt at seed 3 (0.06 right), at 10 at seed 42.
 TINY_AGENT_RUN = {
-    "sft_lr": 3e-3, "sft_epochs": 12, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
+    "sft_lr": 3e-3, "sft_epochs": 15, "reward_function": "tiny_calculator", "environment": "tiny_calculator",
     "max_new_tokens": 80,
     "sft_settings": {**TINY_SUPERVISED, "data.max_length": 192, "train.micro_batch_size": 32},
     "grpo_lr": 1e-4, "grpo_episodes": 20, "grpo_generations": 8,

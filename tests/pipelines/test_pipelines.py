@@ -317,12 +317,11 @@ def test_ppo_raises_its_reward_models_score_on_the_stages_own_held_out_prompts(c
 
 @pytest.mark.learning
 def test_agent_unlearns_invalid_tool_calls_and_is_judged_as_it_trained(cli_runs):
-    """rlhf-agent on `tiny` (the tool-use task): SFT copies its teacher's invalid `35x48` calls; GRPO over
-    multi-turn calculator episodes unlearns the habit, so more calls are valid and no more products are wrong.
-    Its accuracy gain on the 64 held-out products (0.83 -> 0.89 at seed 42) is too small for the gate to be sure
-    of (it needs about +0.11 there with no answer lost), so the gate's decision is not asserted, only that it is
-    the paired one. The evaluation runs the episodes as the GRPO stage trained on them: its `environment`
-    section, not the defaults."""
+    """rlhf-agent on `tiny` (the tool-use task): SFT copies its teacher's invalid `36x48` calls; GRPO over
+    multi-turn calculator episodes unlearns the habit, so more calls are valid and more products are right, by
+    a gain the gate confirms on the 64 held-out products (it opened on every seed and CPU variant measured,
+    benchmarks/tiny_preset.md) and the model is registered. The evaluation runs the episodes as the GRPO stage
+    trained on them: its `environment` section, not the defaults."""
     import yaml
 
     from trainer.online.paired_gate import compare_paired
@@ -334,8 +333,8 @@ def test_agent_unlearns_invalid_tool_calls_and_is_judged_as_it_trained(cli_runs)
     accuracy = compare_paired([r["candidate"]["reward"] for r in records], [r["baseline"]["reward"] for r in records],
                               confidence=0.95)
     assert evaluation["gate/lower_bound"] == pytest.approx(accuracy.lower_bound) and evaluation["gate/n"] == 64
-    assert ("register-model" in summary) == bool(evaluation["gate/opens"])
-    assert accuracy.wins >= accuracy.losses, accuracy
+    assert evaluation["gate/opens"] == 1.0 and "register-model" in summary, evaluation
+    assert accuracy.lower_bound > evaluation["gate/min_effect"] and accuracy.wins > 3 * accuracy.losses, accuracy
     assert evaluation["gate/guard/valid_tool_calls/holds"] == 1.0, evaluation
     assert evaluation["valid_tool_call_fraction"] > evaluation["baseline_valid_tool_call_fraction"], evaluation
     evaluated = yaml.safe_load((run.run_dir / "evaluate-model" / "job" / "evaluate.yaml").read_text())

@@ -14,10 +14,10 @@ is exactly the product), and `CalculatorEnvironment` (built-in environment `tiny
 the episodes. The first 64 problems of a fixed shuffle are held out for evaluation.
 
 The traces come from a teacher with a bad habit, which SFT copies and reinforcement learning has to
-unlearn: when the first number ends in 0 or 5, it mostly writes the product as `35x48`. The
-calculator rejects that (an invalid tool call), and the teacher then answers from memory, which the
-tiny model cannot do. So SFT's model makes invalid calls and wrong answers on about a fifth of the
-problems, and an episode that writes `*` there is the only way to the reward.
+unlearn: when the first number is even, it mostly writes the product as `36x48`. The calculator
+rejects that (an invalid tool call), and the teacher then answers from memory, which the tiny model
+cannot do. So SFT's model makes invalid calls and wrong answers on many of those problems, and an
+episode that writes `*` there is the only way to the reward.
 """
 
 from __future__ import annotations
@@ -82,8 +82,11 @@ def problems(seed: int = 0) -> list[tuple[str, str]]:
 # The teacher's habit: on problems whose first number ends in one of these digits, it writes `x` for `*` in
 # this share of its traces (decided per problem, the same on every run). Above a half, so SFT's greedy
 # call has the habit; well below one, so a sampled episode at the presets' temperature writes `*` often
-# enough for GRPO to find the reward.
-HABIT_DIGITS = "05"
+# enough for GRPO to find the reward. Half the problems (every even first number), so what GRPO can win
+# back is large enough for the gate to confirm on 64 held-out products with one greedy episode each; with
+# the habit on 0 and 5 only (a fifth), the gains, +0.05 to +0.14, were too small to confirm on every seed
+# (benchmarks/tiny_preset.md).
+HABIT_DIGITS = "02468"
 HABIT_SHARE = 0.6
 
 
