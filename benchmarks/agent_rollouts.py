@@ -97,8 +97,8 @@ def build_engine(engine_name: str):
 
     from trainer.config.stages import RolloutConfig
     from trainer.modeling.models import load_tokenizer
-    from trainer.online.engine_registry import build_rollout_engine
-    from trainer.online.engines import EngineSetup
+    from trainer.rollout.engine_registry import build_rollout_engine
+    from trainer.rollout.engines import EngineSetup
     from trainer.tiny.model import write_tiny_model
 
     directory = write_tiny_model(Path(tempfile.mkdtemp()) / "model", num_heads=2)
@@ -116,27 +116,33 @@ def build_engine(engine_name: str):
 
     engine.generate = timed_generate
     engine.calls = []
+    engine.name = engine_name
     return tokenizer, engine
 
 
 def run_once(agent, engine, tokenizer, rows, generation, scorer, seed: int):
     """(wall seconds, the rollout's metrics, the engine's calls) of one batch of episodes."""
+    from trainer.config.stages import RolloutConfig
+    from trainer.rollout.multi_turn import MultiTurnRollout
+
+    rollout = MultiTurnRollout(engine, agent=agent, tokenizer=tokenizer, generation=generation,
+                               device=torch.device("cpu"), scorer=scorer, settings=RolloutConfig(engine=engine.name))
     torch.manual_seed(seed)
     engine.calls = []
     start = time.perf_counter()
-    rollout = agent.generate_and_score(engine, tokenizer, rows, generation, torch.device("cpu"), scorer)
-    return time.perf_counter() - start, rollout.metrics, list(engine.calls)
+    scored = rollout.collect(rows)
+    return time.perf_counter() - start, scored.metrics, list(engine.calls)
 
 
 def print_turn_costs(args, tokenizer, engine, generation, scorer) -> None:
-    from trainer.agents.rollout import AgentRollout
     from trainer.config.environment import EnvironmentConfig
+    from trainer.rollout.multi_turn import Agent
 
     print("| turns | episodes/s | generated tokens/s | tokens/episode | context at last turn | time in tools | "
           "seconds per generate call, turn 1..n |")
     print("|---|---|---|---|---|---|---|")
     for turns in (int(t) for t in args.turns.split(",")):
-        agent = AgentRollout(EnvironmentConfig(name="fixed_turns", max_turns=turns, max_total_tokens=1024), tokenizer)
+        agent = Agent(EnvironmentConfig(name="fixed_turns", max_turns=turns, max_total_tokens=1024), tokenizer)
         rows = [{"prompt": [{"role": "user", "content": f"{n}*7="}], "answer": "0", "turns": turns}
                 for n in range(args.episodes)]
         runs = [run_once(agent, engine, tokenizer, rows, generation, scorer, repeat) for repeat in range(args.repeats)]
@@ -148,8 +154,8 @@ def print_turn_costs(args, tokenizer, engine, generation, scorer) -> None:
 
 
 def print_schedules(args, tokenizer, engine, generation, scorer) -> None:
-    from trainer.agents.rollout import AgentRollout
     from trainer.config.environment import EnvironmentConfig
+    from trainer.rollout.multi_turn import Agent
 
     draw = random.Random(args.seed)
     rows = [{"prompt": [{"role": "user", "content": f"{n}*7="}], "answer": "0", "turns": draw.randint(1, 8),
@@ -160,7 +166,7 @@ def print_schedules(args, tokenizer, engine, generation, scorer) -> None:
         for schedule in ("lockstep", "as_ready"):
             config = EnvironmentConfig(name="heavy_tailed", schedule=schedule, max_turns=8, max_total_tokens=1024,
                                        tool_timeout_seconds=60, max_concurrent_episodes=concurrency)
-            run = run_once(AgentRollout(config, tokenizer), engine, tokenizer, rows, generation, scorer, repeat)
+            run = run_once(Agent(config, tokenizer), engine, tokenizer, rows, generation, scorer, repeat)
             best[schedule] = min(best.get(schedule, run), run, key=lambda r: r[0])
     print(f"{args.episodes} episodes, {sum(r['turns'] for r in rows)} turns, {concurrency} environment steps at once, "
           f"best of {args.repeats}; load average before: {args.load}, after: {read_load()}")
@@ -198,7 +204,7 @@ def main() -> None:
                                             "heavy_tailed=__main__:HeavyTailedEnvironment")
     os.environ["ALIGNFLOW_TOOLS"] = "heavy_tailed_lookup=__main__:heavy_tailed_lookup"
     from trainer.config import GenerationConfig
-    from trainer.online.reward_sources import FunctionScorer, load_reward_function
+    from trainer.rewards.functions import FunctionScorer, load_reward_function
 
     tokenizer, engine = build_engine(args.engine)
     scorer = FunctionScorer(load_reward_function("tiny_calculator"))

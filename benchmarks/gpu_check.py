@@ -161,7 +161,7 @@ def decode(args: argparse.Namespace, trained: dict, env, device) -> dict[str, fl
     import torch
 
     from trainer.config import GenerationConfig
-    from trainer.online.engines import HFGenerateEngine
+    from trainer.rollout.engines import HFGenerateEngine
 
     started = time.perf_counter()
     state = trained["booster"].full_state_dict(trained["model"])  # collective: rank 0 gets the full weights
@@ -205,8 +205,8 @@ def decode_with_vllm(policy, shape: dict, prompts, options) -> dict[str, float]:
     import torch
 
     from trainer.config import RolloutConfig
-    from trainer.online.engine_registry import build_rollout_engine
-    from trainer.online.engines import EngineSetup
+    from trainer.rollout.engine_registry import build_rollout_engine
+    from trainer.rollout.engines import EngineSetup
 
     with tempfile.TemporaryDirectory() as directory:
         build_model(shape, torch.device("cpu"), torch.bfloat16).save_pretrained(directory)  # config, initial weights

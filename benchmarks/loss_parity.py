@@ -138,7 +138,7 @@ def alignflow_fixed_generation(tokenizer):
     """alignflow's HF engine returns `fixed_completions` (right-padded) instead of sampling."""
     import torch
 
-    from trainer.online.engines import HFGenerateEngine, SampledResponses
+    from trainer.rollout.engines import HFGenerateEngine, SampledResponses
 
     original, calls = HFGenerateEngine.generate, [0]
 

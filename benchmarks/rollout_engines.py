@@ -65,9 +65,9 @@ def run_one(spec: dict) -> dict:
     from trainer.config import GenerationConfig, ModelConfig, RolloutConfig
     from trainer.data.tokenize import encode_prompt
     from trainer.modeling.models import load_causal_lm, load_tokenizer
-    from trainer.online.engine_registry import build_rollout_engine
-    from trainer.online.engines import EngineSetup
-    from trainer.online.rollout import sample
+    from trainer.rollout.engine_registry import build_rollout_engine
+    from trainer.rollout.engines import EngineSetup
+    from trainer.rollout.single_turn import sample
 
     torch.set_num_threads(spec["threads"])
     model_dir = spec["model"]

@@ -24,6 +24,7 @@ from kfp import dsl, kubernetes
 
 from components.launcher.settings.options import option_variables
 from trainer.allow_list import ALLOW_LIST_VARIABLES
+from trainer.secret_keys import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
 
 # ConfigMap keys are the environment variable names they become (the chart renders them so). The pod options'
 # keys come from their one declaration (components/launcher/settings/options.py); these are the others.
@@ -33,8 +34,6 @@ PLATFORM_KEYS = (
     "ALIGNFLOW_ALLOWED_IMAGES", "ALIGNFLOW_ALLOWED_SECRETS", *ALLOW_LIST_VARIABLES, "ALIGNFLOW_S3_RETRY_SECONDS",
 )
 DEFAULTS_KEYS = (*PLATFORM_KEYS, *option_variables())
-S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-MLFLOW_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +59,10 @@ def apply_platform(task: dsl.PipelineTask, platform: Platform | None = None) -> 
     platform = platform or Platform.from_environment()
     kubernetes.use_config_map_as_env(task, platform.defaults_config_map, {key: key for key in DEFAULTS_KEYS})
     if platform.s3_secret:
-        kubernetes.use_secret_as_env(task, platform.s3_secret, {key: key for key in S3_KEYS})
+        kubernetes.use_secret_as_env(task, platform.s3_secret, {key: key for key in S3_SECRET_KEYS})
     if platform.mlflow_secret:
-        kubernetes.use_secret_as_env(task, platform.mlflow_secret, {key: key for key in MLFLOW_KEYS}, optional=True)
+        kubernetes.use_secret_as_env(task, platform.mlflow_secret, {key: key for key in MLFLOW_SECRET_KEYS},
+                                     optional=True)
     task.set_cpu_request(platform.resources["cpu"])
     task.set_memory_request(platform.resources["memory"])
     task.set_memory_limit(platform.resources["memory_limit"])

@@ -40,6 +40,8 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from trainer.secret_keys import SECRET_DIRS_VARIABLE
+
 # Worker exit statuses that mean "stopped by this signal at a step boundary" (trainer.lifecycle.preemption).
 PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 # How torchrun reports a worker that its own shutdown signalled: once the first worker exits 143, the
@@ -48,7 +50,6 @@ PREEMPTED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 STOPPED_BY_AGENT = {-signal.SIGTERM, -signal.SIGINT}
 
 
-SECRET_DIRS_VARIABLE = "ALIGNFLOW_SECRET_ENV_DIRS"
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a Secret volume's `..data` links are not variables
 
 

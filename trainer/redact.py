@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from trainer.secret_keys import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS, SANDBOX_TOKEN_VARIABLE
+
 MASK = "***"
 # Variables whose values are credentials: never printed, whatever prints them.
-SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_PASSWORD",
-                   "MLFLOW_TRACKING_TOKEN", "DATABRICKS_TOKEN", "KFP_TOKEN", "HF_TOKEN", "AZURE_STORAGE_KEY",
-                   "AZURE_STORAGE_CONNECTION_STRING", "ALIGNFLOW_SANDBOX_TOKEN")
+SECRET_ENV_VARS = (*S3_SECRET_KEYS, "AWS_SESSION_TOKEN", *MLFLOW_SECRET_KEYS, "DATABRICKS_TOKEN", "KFP_TOKEN",
+                   "HF_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING", SANDBOX_TOKEN_VARIABLE)
 # Keys of params/config entries that are never logged.
 SECRET_KEY = re.compile(r"secret|password|token|credential|access_key|api_key", re.IGNORECASE)
 # Shorter values are not real credentials (AWS key ids are 20 characters, secret keys 40) and masking

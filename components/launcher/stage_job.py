@@ -21,8 +21,9 @@ import yaml
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import JobSpec, SecretEnv, derive_job_name
 from components.launcher.settings.options import POD_OPTIONS, cluster_fields
-from components.launcher.settings.platform import MLFLOW_SECRET_KEYS, check_allowed
+from components.launcher.settings.platform import check_allowed
 from trainer.errors import ConfigError, LaunchError
+from trainer.secret_keys import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
 from trainer.storage import get_storage, join_uri
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ ClusterOptions = make_dataclass("ClusterOptions", cluster_fields(), bases=(Launc
 def _secret_env(cluster: ClusterOptions) -> list[SecretEnv]:
     secrets = []
     if cluster.s3_secret:
-        secrets += [SecretEnv(key, cluster.s3_secret, key) for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+        secrets += [SecretEnv(key, cluster.s3_secret, key) for key in S3_SECRET_KEYS]
     if cluster.mlflow_secret:
         secrets += [SecretEnv(key, cluster.mlflow_secret, key, optional=True) for key in MLFLOW_SECRET_KEYS]
     return secrets

@@ -56,8 +56,8 @@ def test_alignflow_rollouts_get_the_fixed_completions_through_the_engine_interfa
     import torch
 
     from trainer.config import GenerationConfig
-    from trainer.online.engines import HFGenerateEngine
-    from trainer.online.rollout import generate
+    from trainer.rollout.engines import HFGenerateEngine
+    from trainer.rollout.single_turn import generate
     from trainer.tiny.model import build_tiny_llama
 
     tokenizer = build_tokenizer()

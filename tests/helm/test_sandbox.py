@@ -6,8 +6,8 @@ import pytest
 
 from tests.helm.chart import render
 from tests.helm.test_pod_security import restricted_violations
-from trainer.agents.sandbox import SandboxLimits
-from trainer.agents.sandbox.server import parse_arguments
+from trainer.sandbox import SandboxLimits
+from trainer.sandbox.server import parse_arguments
 
 ENABLED = {"sandbox": {"enabled": True, "tokenSecret": "sandbox-token"}}
 
@@ -32,7 +32,7 @@ def test_the_container_runs_the_server_with_flags_it_accepts_and_the_ceilings_fr
                                           "maxLimits": {"wallSeconds": 12.5, "maxProcesses": 8}}}))
     spec = documents["Deployment"]["spec"]["template"]["spec"]
     [container] = spec["containers"]
-    assert container["command"] == ["python", "-m", "trainer.agents.sandbox.server"]
+    assert container["command"] == ["python", "-m", "trainer.sandbox.server"]
     assert container["image"] == "ghcr.io/alignflow/trainer:latest"
     arguments = parse_arguments(container["args"])  # the real argparse: an unknown flag would exit
     assert (arguments.port, arguments.concurrency) == (8080, 2)

@@ -151,7 +151,7 @@ def test_missing_s3_object_is_a_clear_error(bucket):
 def test_experience_buffer_and_weight_versions_work_on_s3(bucket):
     from trainer.asynchronous.buffer import FileBuffer
     from trainer.asynchronous.weights import latest_version, load_version, publish_weights
-    from trainer.online.experience import Experience
+    from trainer.rollout.experience import Experience
 
     writer, reader = FileBuffer(f"s3://{bucket}/buffer"), FileBuffer(f"s3://{bucket}/buffer", poll_interval=0.05)
     ids = torch.tensor([[5, 6, 7]])

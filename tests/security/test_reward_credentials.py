@@ -61,7 +61,7 @@ def test_reward_tokens_appear_in_no_log_file_param_tag_or_metric(mlflow_server, 
         judge.stop()
     assert reward.headers[-1]["Authorization"] == f"Bearer {planted['service']}"  # the tokens were really used
     assert judge.headers[-1]["Authorization"] == f"Bearer {planted['judge']}"
-    assert any("answered HTTP 503; retrying" in r.getMessage() for r in caplog.records)
+    assert any("answered HTTP 503 Service Unavailable: warming up; retrying" in r.getMessage() for r in caplog.records)
 
     found: dict[str, list[str]] = {}
     for record in caplog.records:

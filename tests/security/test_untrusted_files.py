@@ -23,8 +23,8 @@ from trainer.asynchronous.buffer import FileBuffer
 from trainer.asynchronous.weights import load_version, publish_weights
 from trainer.checkpointing.checkpoint import CheckpointManager, TrainerState
 from trainer.errors import CheckpointError, DataError
-from trainer.online.experience import Experience
 from trainer.parallel.booster import Booster, SinglePlugin
+from trainer.rollout.experience import Experience
 from trainer.runtime import DistributedEnv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -20,11 +20,11 @@ import torch.distributed as dist
 def main() -> None:
     from trainer.config import GenerationConfig, ModelConfig, ParallelConfig, RolloutConfig
     from trainer.modeling.models import export_model, load_causal_lm, load_tokenizer
-    from trainer.online.engine_registry import build_rollout_engine
-    from trainer.online.engines import EngineSetup
-    from trainer.online.rollout import sample
     from trainer.parallel.booster import Booster
     from trainer.parallel.plugins import make_plugin
+    from trainer.rollout.engine_registry import build_rollout_engine
+    from trainer.rollout.engines import EngineSetup
+    from trainer.rollout.single_turn import sample
     from trainer.runtime import read_distributed_env
 
     model_dir, prompts_path, out_dir = sys.argv[1:4]

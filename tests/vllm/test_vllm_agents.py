@@ -18,15 +18,15 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from tests.conftest import make_config  # noqa: E402
-from trainer.agents.rollout import AgentRollout  # noqa: E402
 from trainer.config import GenerationConfig, ModelConfig, RolloutConfig  # noqa: E402
 from trainer.config.environment import EnvironmentConfig  # noqa: E402
 from trainer.modeling.models import load_causal_lm, load_tokenizer  # noqa: E402
-from trainer.online.engine_registry import build_rollout_engine  # noqa: E402
-from trainer.online.engines import EngineSetup, HFGenerateEngine  # noqa: E402
-from trainer.online.reward_sources import FunctionScorer, load_reward_function  # noqa: E402
 from trainer.online.stages import run_online_stage  # noqa: E402
-from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
+from trainer.rewards.functions import FunctionScorer, load_reward_function  # noqa: E402
+from trainer.rollout.engine_registry import build_rollout_engine  # noqa: E402
+from trainer.rollout.engines import EngineSetup, HFGenerateEngine  # noqa: E402
+from trainer.rollout.multi_turn import Agent, MultiTurnRollout  # noqa: E402
+from trainer.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from trainer.tiny.agent_task import write_agent_task  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -56,8 +56,10 @@ def test_greedy_episodes_equal_hf_turn_for_turn(vllm_start_model, agent_files, m
         engine.sync_from(actor)
         episodes = {}
         for name, sampler in (("vllm", engine), ("hf", HFGenerateEngine(actor))):
-            agent = AgentRollout(EnvironmentConfig(name="echo", max_turns=3, max_total_tokens=64), tokenizer)
-            episodes[name] = agent.generate_and_score(sampler, tokenizer, rows, GREEDY, CPU, scorer)
+            agent = Agent(EnvironmentConfig(name="echo", max_turns=3, max_total_tokens=64), tokenizer)
+            rollout = MultiTurnRollout(sampler, agent=agent, tokenizer=tokenizer, generation=GREEDY, device=CPU,
+                                       scorer=scorer, settings=RolloutConfig(engine=name))
+            episodes[name] = rollout.collect(rows)
     finally:
         engine.close()
 

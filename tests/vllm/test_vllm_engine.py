@@ -19,10 +19,10 @@ from trainer.algorithms.ppo import response_logps  # noqa: E402
 from trainer.config import GenerationConfig, LoraConfig, ModelConfig, RolloutConfig  # noqa: E402
 from trainer.data.tokenize import encode_prompt  # noqa: E402
 from trainer.modeling.models import export_model, load_causal_lm, load_tokenizer  # noqa: E402
-from trainer.online.engine_registry import build_rollout_engine  # noqa: E402
-from trainer.online.engines import EngineSetup, HFGenerateEngine  # noqa: E402
-from trainer.online.rollout import decode_responses, sample  # noqa: E402
-from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
+from trainer.rollout.engine_registry import build_rollout_engine  # noqa: E402
+from trainer.rollout.engines import EngineSetup, HFGenerateEngine  # noqa: E402
+from trainer.rollout.single_turn import decode_responses, sample  # noqa: E402
+from trainer.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 CPU = torch.device("cpu")
 GREEDY = GenerationConfig(max_new_tokens=8, temperature=0.0)

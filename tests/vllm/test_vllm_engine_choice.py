@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from trainer.config import RolloutConfig  # noqa: E402
-from trainer.online.engine_choice import VLLM_CPU_MIN_PARAMETERS, choose_engine, parameter_count  # noqa: E402
+from trainer.rollout.engine_choice import VLLM_CPU_MIN_PARAMETERS, choose_engine, parameter_count  # noqa: E402
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 

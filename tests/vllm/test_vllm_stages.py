@@ -24,7 +24,7 @@ from trainer.asynchronous.synchronizer import Synchronizer  # noqa: E402
 from trainer.config import EvaluateConfig  # noqa: E402
 from trainer.online.evaluate import run_evaluation  # noqa: E402
 from trainer.online.stages import run_online_stage  # noqa: E402
-from trainer.online.vllm_engine import VLLMEngine  # noqa: E402
+from trainer.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 GRPO = {"num_episodes": 25, "rollout_batch_size": 32, "num_generations": 8, "mini_batch_size": 64}
 
@@ -78,7 +78,7 @@ def test_a_lora_grpo_run_that_pushes_its_adapter_trains_what_the_merged_push_tra
         config = grpo_config(tmp_path / mode, vllm_start_model, task_files, "vllm", grpo=short,
                              data={"eval_path": None}, optimizer={"lr": 1e-2},
                              model={"lora": {"r": 4, "alpha": 8}}, rollout={"vllm": {"lora_sync": mode}})
-        with caplog.at_level("INFO", logger="trainer.online.vllm_engine"):
+        with caplog.at_level("INFO", logger="trainer.rollout.vllm_engine"):
             run_online_stage(config)
         runs[mode] = episode_rewards(tmp_path / mode), load_file(tmp_path / mode / "model" / "model.safetensors")
         assert ("pushes the LoRA adapter alone" in caplog.text) == (mode == "adapter")
@@ -98,14 +98,14 @@ def test_the_explorer_records_the_engines_log_probs_as_behaviour_log_probs(tmp_p
     synchronizer, buffer = Synchronizer(), QueueBuffer()
     explorer = Explorer(config, buffer=buffer, synchronizer=synchronizer)
     try:
-        assert isinstance(explorer.engine, VLLMEngine)
+        assert isinstance(explorer.rollout.engine, VLLMEngine)
         state = {name: tensor.clone() for name, tensor in explorer.policy.state_dict().items()}
         with torch.no_grad():
             state["lm_head.weight"] += 0.05 * torch.randn_like(state["lm_head.weight"])  # a trainer's new version
         synchronizer.set_model_state_dict(state, 0)
         explorer.run(1)
     finally:
-        explorer.engine.close()
+        explorer.rollout.close()
     batch = buffer.get(1)
 
     assert batch.version == 0

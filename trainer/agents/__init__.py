@@ -1,7 +1,9 @@
-"""Agents: multi-turn episodes in environments with tools (docs/agents.md).
+"""Agents: the environments episodes run in and the tools they call (docs/agents.md).
 
-`environment` (the interface), `tools` (function tools, the code tool), `formats` (tool-call and
-observation text), `rollout` (the multi-turn loop), `scheduler` (when episodes take their turns:
-lockstep, or each as soon as it is ready), and `sandbox` (where the code tool runs; docs/sandbox.md). Environments and tools are chosen by name through the platform's allow-list,
-`trainer.allow_list`, as reward functions are.
+`environment` (the interface) and `tools` (function tools, the code tool). The tool-call and observation
+text is data code, `trainer.data.tool_calls`; the code tool runs in `trainer.sandbox` (docs/sandbox.md).
+Environments and tools are chosen by name through the platform's allow-list, `trainer.allow_list`, as reward
+functions are.
+The episodes themselves (turns sampled by a rollout engine, the schedule of their turns, the batch)
+are multi-turn rollouts: `trainer.rollout.multi_turn` and `trainer.rollout.turn_scheduler`.
 """

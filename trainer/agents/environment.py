@@ -1,7 +1,7 @@
 """The environment interface: one episode per prompt row, answering each model turn.
 
 Shaped after Trinity-RFT's workflows and TRL's environments. The rollout
-(`trainer.agents.rollout`) builds one environment per episode, calls `start(row)` with the prompt
+(`trainer.rollout.multi_turn`) builds one environment per episode, calls `start(row)` with the prompt
 row (its `prompt`, `answer` and any other columns), then, after every model turn, `step(text)`
 with the turn's decoded text. `step` answers with an `Observation`: the messages the model reads
 next (tool results as role `tool`, or a user message), a reward contribution, and whether the
@@ -13,7 +13,7 @@ with the row's `answer`, or a reward model on the whole sequence) plus the sum o
 reward contributions.
 
 `ToolEnvironment` is the ready-made one (built-in name `tools`): a turn with `<tool_call>` blocks
-(`trainer.agents.formats`) gets the calls' results as `tool` messages; a turn without calls is the
+(`trainer.data.tool_calls`) gets the calls' results as `tool` messages; a turn without calls is the
 answer and ends the episode. Subclass it to change the reward or add a user turn; subclass
 `Environment` for anything else. Environments are chosen by name from the platform's allow-list
 (`trainer.allow_list`). `step` runs on a worker thread, concurrently with other episodes' steps
@@ -27,8 +27,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.agents.formats import parse_tool_calls
 from trainer.agents.tools import ToolBox
+from trainer.data.tool_calls import parse_tool_calls
 
 
 @dataclass(slots=True)

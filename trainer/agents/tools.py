@@ -8,7 +8,7 @@ exception, the deadline) into an error text for the model, and cuts long output 
 Nothing a tool does crashes the run. A hung Python call cannot be killed from Python: its thread is
 abandoned (and the run's process ends it); code that may hang belongs in the sandbox (`python`).
 
-The built-in `python` tool runs the model's code in `trainer.agents.sandbox` (docs/sandbox.md): the sandbox
+The built-in `python` tool runs the model's code in `trainer.sandbox` (docs/sandbox.md): the sandbox
 `environment.sandbox` names, once `bind_code_tools` has proved it with a canary program at start-up.
 """
 
@@ -174,14 +174,14 @@ def check_requirements(tool: Tool) -> None:
 
 def python(code: str) -> str:
     """Run Python code in a sandbox (no network, no credentials, a scratch folder) and return its output."""
-    from trainer.agents.sandbox import build_sandbox  # the sandbox package: docs/sandbox.md
     from trainer.config.environment import default_tool_sandbox
+    from trainer.sandbox import build_sandbox  # the sandbox package: docs/sandbox.md
 
     config = default_tool_sandbox()  # unbound (called outside an environment): the local sandbox, tool limits
     return describe_run(build_sandbox(config).run_python(code, limits=config.limits), config.limits.wall_seconds)
 
 
-python.alignflow_requires = "trainer.agents.sandbox"
+python.alignflow_requires = "trainer.sandbox"
 python.alignflow_runs_code = True  # `bind_code_tools` points it at `environment.sandbox`
 
 
@@ -218,7 +218,7 @@ def bind_code_tools(tools: Mapping[str, Tool], config: Any) -> dict[str, Tool]:
     """
     if not any(getattr(tool.function, "alignflow_runs_code", False) for tool in tools.values()):
         return dict(tools)
-    from trainer.agents.sandbox import SandboxError, build_sandbox
+    from trainer.sandbox import SandboxError, build_sandbox
 
     try:
         sandbox = build_sandbox(config)

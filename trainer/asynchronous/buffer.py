@@ -32,7 +32,7 @@ from typing import Protocol
 from trainer.checkpointing.serialization import dump_tensors, load_json, load_tensors
 from trainer.config import OnlineStageConfig
 from trainer.errors import AlignflowError, DataError, WaitTimeout
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 from trainer.storage import get_storage, is_remote, join_uri
 
 CLOSED_MARKER = "CLOSED"

@@ -55,7 +55,7 @@ from trainer.asynchronous.wrapper_factory import get_trainer_wrapper
 from trainer.config import OnlineStageConfig
 from trainer.errors import AlignflowError, WaitTimeout
 from trainer.lifecycle import preemption
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 from trainer.tracking.tracker import NullTracker, Tracker
 
 logger = logging.getLogger(__name__)

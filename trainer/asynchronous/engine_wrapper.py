@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 from trainer.tracking.tracker import Tracker
 
 

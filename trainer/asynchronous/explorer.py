@@ -19,8 +19,8 @@ computes), which the trainer needs to correct for staleness (`trainer.asynchrono
 the engine's own where it returns them (`vllm`, so the correction also covers the engine's
 numerical difference from the trainer), else a forward of the explorer's policy (`hf`).
 Weights come from the weights directory, or from an in-process `Synchronizer` when the explorer
-is a thread of the trainer's process. Responses are sampled through the stage's rollout engine
-(`rollout.engine`, `trainer.online.engines`), which is synced to each newly loaded version.
+is a thread of the trainer's process. Responses are sampled and scored by the stage's `Rollout`
+(`trainer.rollout.builder.build_rollout`, through `rollout.engine`), synced to each newly loaded version.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import logging
 
 import torch
 
-from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.ppo import response_logps
 from trainer.asynchronous.buffer import ExperienceBuffer, FileBuffer, buffer_dir
 from trainer.asynchronous.synchronizer import Synchronizer
@@ -40,13 +39,11 @@ from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
-from trainer.online.engine_choice import resolve_engine
-from trainer.online.engine_registry import build_rollout_engine
-from trainer.online.engines import engine_setup
-from trainer.online.experience import Experience
 from trainer.online.prompts import PromptStream
-from trainer.online.rollout import generate_and_score
 from trainer.rewards.weighted import build_weighted_scorer
+from trainer.rollout.builder import build_agent, build_rollout
+from trainer.rollout.engines import engine_setup
+from trainer.rollout.experience import Experience
 from trainer.runtime import pick_device, read_distributed_env
 from trainer.tracking.timing import PhaseTimer
 
@@ -74,11 +71,14 @@ class Explorer:
         self.tokenizer = load_tokenizer(config.model.path)
         # Built first: reward services are asked once whether they answer, and a code tool's sandbox runs its
         # canary, before the policy loads.
-        self.scorer = build_weighted_scorer(config, self.device)
-        self.agent = build_agent_rollout(config.environment, self.tokenizer)  # multi-turn episodes, when set
+        scorer = build_weighted_scorer(config, self.device)
+        agent = build_agent(config.environment, self.tokenizer)  # multi-turn episodes, when set
         self.policy = load_frozen(load_causal_lm, config.model, self.device)  # also scores behaviour_logps
-        self.config = config = resolve_engine(config, self.policy, self.device)  # `auto`, now the policy is known
-        self.engine = build_rollout_engine(config.rollout, self.policy, engine_setup(config))
+        self.rollout = build_rollout(config.rollout, policy=self.policy, tokenizer=self.tokenizer,
+                                     generation=config.generation, scorer=scorer, device=self.device,
+                                     setup=engine_setup(config), agent=agent,
+                                     rows_per_call=config.algorithm.rollout_batch_size * config.num_generations)
+        self.config = config = config.model_copy(update={"rollout": self.rollout.settings})  # `auto` chosen
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
         self.rows = load_prompt_dataset(config.data.train_path, self.tokenizer, config.data.max_length,
@@ -107,7 +107,7 @@ class Explorer:
             else:
                 self.version, state = load_version(weights_dir(self.config))
             self.policy.load_state_dict(state)
-            self.engine.sync_from(self.policy)  # the `hf` engine samples with self.policy: nothing to copy
+            self.rollout.sync_weights(self.policy)  # the `hf` engine samples with self.policy: nothing to copy
             logger.info("explorer loaded weight version %d", self.version)
 
     def seek(self, batches_done: int) -> None:
@@ -120,15 +120,13 @@ class Explorer:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
         self.timer.reset()
-        sample_and_score = self.agent.generate_and_score if self.agent is not None else generate_and_score
-        rollout = sample_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
-                                   self.timer)
-        behaviour_logps = rollout.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
+        scored = self.rollout.collect(rows, self.timer)
+        behaviour_logps = scored.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
         if behaviour_logps is None:
-            behaviour_logps = response_logps(self.policy, rollout.batch) * rollout.batch["action_mask"]  # (B, T)
+            behaviour_logps = response_logps(self.policy, scored.batch) * scored.batch["action_mask"]  # (B, T)
         # Multi-turn episodes' `agent/*` travel with the batch (JSON metadata in the buffer); the trainer logs them.
-        return Experience(**{k: v.cpu() for k, v in rollout.batch.items()}, scores=rollout.scores.cpu(),
-                          behaviour_logps=behaviour_logps.cpu(), version=self.version, info=dict(rollout.metrics))
+        return Experience(**{k: v.cpu() for k, v in scored.batch.items()}, scores=scored.scores.cpu(),
+                          behaviour_logps=behaviour_logps.cpu(), version=self.version, info=dict(scored.metrics))
 
     def run(self, num_batches: int | None = None) -> int:
         """Produce the batches after the buffer's last one up to `num_batches` (default `total_steps`),

@@ -27,7 +27,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from trainer.algorithms.rollout_correction import importance_weights
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 def batch_staleness(current_version: int, model_versions: Tensor) -> Tensor:

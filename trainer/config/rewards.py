@@ -97,14 +97,6 @@ class ServiceConfig(Section):
             raise ValueError("set at most one of token_env and token_file")
         return self
 
-    def retry_waits(self) -> list[float]:
-        """The waits before each retry, in seconds, without jitter: backoff doubled per retry, capped."""
-        waits, wait = [], self.backoff_seconds
-        for _ in range(self.max_retries):
-            waits.append(min(wait, self.max_backoff_seconds))
-            wait = min(wait * 2, self.max_backoff_seconds)
-        return waits
-
 
 class JudgeConfig(Section):
     model: str = Field(description="The `model` named in each chat-completions request (what the endpoint serves).")

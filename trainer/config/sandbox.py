@@ -1,7 +1,7 @@
 """The sandbox's config sections: the limits of one run of untrusted code, and which sandbox runs it.
 
 Declared here, with the other config sections, because a stage config holds them (a `code_tests` reward
-source's `sandbox`); the sandbox itself is `trainer.agents.sandbox` (docs/sandbox.md).
+source's `sandbox`); the sandbox itself is `trainer.sandbox` (docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from trainer.config.sections import Section
+from trainer.secret_keys import SANDBOX_TOKEN_VARIABLE
 
 
 class SandboxLimits(Section):
@@ -44,7 +45,7 @@ class SandboxLimits(Section):
 
 
 class SandboxConfig(Section):
-    """Which sandbox runs model-written code (`trainer.agents.sandbox.build_sandbox`), and its limits."""
+    """Which sandbox runs model-written code (`trainer.sandbox.build_sandbox`), and its limits."""
 
     backend: Literal["local", "remote"] = Field("local", description=(
         "Where model-written code runs: `local` (this pod, confined by Landlock, seccomp and rlimits; needs "
@@ -53,7 +54,7 @@ class SandboxConfig(Section):
     url: str | None = Field(None, description=(
         "Base URL of the sandbox service (`http://<release>-alignflow-sandbox.<namespace>.svc:8080`); "
         "required with backend `remote`."))
-    token_env: str = Field("ALIGNFLOW_SANDBOX_TOKEN", description=(
+    token_env: str = Field(SANDBOX_TOKEN_VARIABLE, description=(
         "Environment variable holding the service's bearer token (from a Kubernetes Secret); never logged."))
     interpreter: str | None = Field(None, description=(
         "Python that runs the code with backend `local` (`-I -S`: standard library only); default: the "

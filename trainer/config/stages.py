@@ -211,8 +211,8 @@ class RolloutConfig(Section):
     def is_correcting(self) -> bool:
         """Whether the loss is weighted by the rollout correction: `correction.enabled`, else on with vllm."""
         enabled = self.correction.enabled
-        if enabled is None and self.engine == "auto":  # a programming error: the loop resolves it first
-            raise ValueError("rollout.engine auto is not chosen yet (trainer.online.engine_choice.resolve_engine)")
+        if enabled is None and self.engine == "auto":  # a programming error: `build_rollout` chooses it first
+            raise ValueError("rollout.engine auto is not chosen yet (trainer.rollout.builder.build_rollout)")
         return self.engine == "vllm" if enabled is None else enabled
 
     @field_validator("num_threads", mode="before")

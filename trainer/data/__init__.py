@@ -1,1 +1,1 @@
-"""Datasets: reading rows from files, checking their schema, tokenizing, batching, sampling."""
+"""Datasets: reading rows from files, checking their schema, tokenizing (tool calls included), batching, sampling."""

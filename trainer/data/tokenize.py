@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.data.tool_calls import template_messages
 from trainer.errors import DataError
 
 IGNORE_INDEX = -100
@@ -19,8 +20,7 @@ IGNORE_INDEX = -100
 def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False) -> str:
     if not messages and not add_generation_prompt:
         return ""
-    from trainer.agents.formats import template_messages  # tool calls as the template (or the plain format) writes them
-
+    # tool calls as the template (or the plain format) writes them
     return tokenizer.apply_chat_template(template_messages(tokenizer, messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
 

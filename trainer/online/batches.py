@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 def to_device(experience: Experience, device: torch.device, pin_memory: bool = False) -> Experience:

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from trainer.algorithms.rollout_correction import importance_weights
 from trainer.config.rewards import RolloutCorrectionConfig
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 METRIC_PREFIX = "rollout_correction/"
 

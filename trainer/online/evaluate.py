@@ -1,7 +1,7 @@
 """Scoring a policy's responses on held-out prompts: the online stages' evaluation and `python -m trainer evaluate`.
 
 `score_rows` is the one evaluation loop: prompts split across ranks, responses generated and
-scored by `generate_and_score`, the sum all-reduced. Answers are sampled by the config's
+scored by a `Rollout` (`trainer.rollout`), the sum all-reduced. Answers are sampled by the config's
 `rollout.engine` (`hf` by default; `vllm` loads each saved model into its own engine). `run_evaluation` is what the pipelines'
 `evaluate_model` component launches as its own job (so generation runs on a GPU node): it scores
 a candidate, a baseline and, when given, the registry's champion with the checkable reward
@@ -20,25 +20,28 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from trainer.agents.setup import build_agent_rollout
-from trainer.config import EvaluateConfig, GenerationConfig, ModelConfig
+from trainer.config import EvaluateConfig, ModelConfig
 from trainer.data.dataset import load_rows
 from trainer.lifecycle import collector
 from trainer.lifecycle.resume import check_output_directories
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer, load_value_model
-from trainer.online.engine_choice import choose_engine
-from trainer.online.engine_registry import build_rollout_engine
-from trainer.online.engines import EngineSetup, RolloutEngine
 from trainer.online.paired_gate import GateDecision, Guard, PairedComparison, compare_paired
-from trainer.online.reward_sources import FunctionScorer, RewardModelScorer, load_reward_function
-from trainer.online.rollout import ScoredRollout, generate_and_score
+from trainer.rewards.functions import FunctionScorer, load_reward_function
+from trainer.rewards.reward_model import RewardModelScorer
+from trainer.rollout.builder import build_agent, build_rollout
+from trainer.rollout.engines import EngineSetup
+from trainer.rollout.interface import Rollout, ScoredRollout
+from trainer.rollout.scoring import Scorer
 from trainer.runtime import all_reduce_sum, init_process_group, pick_device, read_distributed_env
 from trainer.storage import get_storage, join_uri
+
+if TYPE_CHECKING:
+    from trainer.rollout.multi_turn import Agent
 
 logger = logging.getLogger(__name__)
 SAMPLES_KEPT = 10
@@ -52,54 +55,52 @@ ROW_FIELDS = ("response_tokens", "tool_calls", "tool_errors")
 
 
 @torch.no_grad()
-def score_rows(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
-               device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
-               batch_size: int = 64, agent: Any = None) -> tuple[torch.Tensor, list[ScoredRollout]]:
-    """Every row's scores from `model`'s responses, over all ranks; this rank's rows are `rows[rank::world_size]`.
+def score_rows(rollout: Rollout, rows: list[dict], other_scorers: Sequence[Scorer] = (), rank: int = 0,
+               world_size: int = 1, batch_size: int = 64) -> tuple[torch.Tensor, list[ScoredRollout]]:
+    """Every row's scores from `rollout`'s responses, over all ranks; this rank's rows are `rows[rank::world_size]`.
 
-    `model` is a model (sampled by the default `hf` engine) or a training run's rollout engine. With an
-    `agent` (`trainer.agents.rollout.AgentRollout`) each row is a multi-turn episode, scored on its last turn.
+    The rollout's own scorer comes first; `other_scorers` score the same responses. A multi-turn rollout scores
+    each episode on its last turn.
 
     Returns:
-        (len(scorers) + len(ROW_FIELDS), len(rows)) float64 values in row order: each scorer's score, then
-        `ROW_FIELDS`; and this rank's rollouts scored by the first scorer.
+        (1 + len(other_scorers) + len(ROW_FIELDS), len(rows)) float64 values in row order: each scorer's score,
+        then `ROW_FIELDS`; and this rank's rollouts, scored by the rollout's scorer.
     """
+    device = rollout.device
+    values = torch.zeros(1 + len(other_scorers) + len(ROW_FIELDS), len(rows), dtype=torch.float64, device=device)
     mine = list(range(rank, len(rows), world_size))
-    values = torch.zeros(len(scorers) + len(ROW_FIELDS), len(rows), dtype=torch.float64, device=device)
-    rollouts = []
+    scored_chunks = []
     # Every rank runs the same number of chunks: under FSDP2 each generation and reward-model forward is a
     # collective. A rank that ran out of rows (its share is one row short, or empty) scores a stand-in
     # row and records nothing from it.
     chunks = math.ceil(math.ceil(len(rows) / world_size) / batch_size)
-    sample_and_score = agent.generate_and_score if agent is not None else generate_and_score
     for start in range(0, chunks * batch_size, batch_size):
         indices = mine[start:start + batch_size]
         chunk = [rows[index] for index in indices] or rows[:1]
-        rollout = sample_and_score(model, tokenizer, chunk, generation, device, scorers[0])
-        extra = [scorer(rollout.batch, rollout.prompts, rollout.responses, [r.get("answer") for r in chunk])
-                 for scorer in scorers[1:]]
+        scored = rollout.collect(chunk)
+        extra = [scorer(scored.batch, scored.prompts, scored.responses, [r.get("answer") for r in chunk])
+                 for scorer in other_scorers]
         if not indices:
             continue
-        rollouts.append(rollout)
-        calls = torch.tensor(rollout.tool_calls or [(0, 0)] * len(indices), dtype=torch.float64)  # (B, 2)
-        columns = [s.double().cpu() for s in (rollout.scores, *extra)]
-        columns += [rollout.batch["action_mask"].sum(dim=1).double().cpu(), calls[:, 0], calls[:, 1]]
+        scored_chunks.append(scored)
+        calls = torch.tensor(scored.tool_calls or [(0, 0)] * len(indices), dtype=torch.float64)  # (B, 2)
+        columns = [s.double().cpu() for s in (scored.scores, *extra)]
+        columns += [scored.batch["action_mask"].sum(dim=1).double().cpu(), calls[:, 0], calls[:, 1]]
         values[:, indices] = torch.stack(columns).to(device)  # (K, B)
-    return all_reduce_sum(values), rollouts
+    return all_reduce_sum(values), scored_chunks
 
 
 @torch.no_grad()
-def mean_score(model: nn.Module | RolloutEngine, tokenizer: Any, rows: list[dict], generation: GenerationConfig,
-               device: torch.device, scorers: list[Any], rank: int = 0, world_size: int = 1,
-               batch_size: int = 64, agent: Any = None) -> tuple[list[float], list[ScoredRollout]]:
-    """Mean score of `model`'s responses to `rows` under each scorer (`score_rows`, whose arguments it takes).
+def mean_score(rollout: Rollout, rows: list[dict], other_scorers: Sequence[Scorer] = (), rank: int = 0,
+               world_size: int = 1, batch_size: int = 64) -> tuple[list[float], list[ScoredRollout]]:
+    """Mean score of `rollout`'s responses to `rows` under its scorer and each of `other_scorers` (`score_rows`,
+    whose arguments it takes).
 
     Returns:
-        One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the first scorer.
+        One mean per scorer (over all ranks' rows), and this rank's rollouts scored by the rollout's scorer.
     """
-    values, rollouts = score_rows(model, tokenizer, rows, generation, device, scorers, rank, world_size, batch_size,
-                                  agent)
-    return (values[:len(scorers)].sum(dim=1) / max(len(rows), 1)).tolist(), rollouts
+    values, scored = score_rows(rollout, rows, other_scorers, rank, world_size, batch_size)
+    return (values[:1 + len(other_scorers)].sum(dim=1) / max(len(rows), 1)).tolist(), scored
 
 
 def tool_call_counts(calls: list[float], errors: list[float]) -> dict[str, float]:
@@ -139,7 +140,7 @@ def judge(config: EvaluateConfig, candidate: dict[str, list[float]], reference: 
                         confidence=gate.confidence, guards=tuple(guards))
 
 
-def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[Any], list[str]]:
+def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[Scorer], list[str]]:
     """The scorers of an evaluation, with the metric name each one reports."""
     scorers, names = [], []
     if config.reward.function is not None:
@@ -153,20 +154,20 @@ def build_scorers(config: EvaluateConfig, device: torch.device) -> tuple[list[An
     return scorers, names
 
 
-def build_evaluation_engine(config: EvaluateConfig, path: str, key: str, device: torch.device) -> RolloutEngine:
-    """The `rollout.engine` that samples the saved model at `path`: `hf` on the loaded model, or an engine
-    that loads `path` itself (`vllm`; the model is then never loaded as a torch module here). `auto` loads the
-    model to choose (`engine_choice`, `batch_size` rows a call) and drops it again where `vllm` wins."""
-    rollout = config.rollout
-    if rollout.engine != "vllm":
-        model = load_frozen(load_causal_lm, ModelConfig(path=path), device, key=key)
-        engine, reason = choose_engine(rollout, model, config.batch_size, device)
-        if rollout.engine == "auto":
-            logger.info("rollout.engine auto for %s: %s, as %s", key, engine, reason)
-        if engine == "hf":
-            return build_rollout_engine(rollout.model_copy(update={"engine": "hf"}), model)
-        del model
-    return build_rollout_engine(rollout.model_copy(update={"engine": "vllm"}), None, EngineSetup(path, seed=0))
+def build_evaluation_rollout(config: EvaluateConfig, path: str, key: str, device: torch.device, tokenizer: Any,
+                             scorer: Scorer, agent: Agent | None) -> Rollout:
+    """The rollout that samples the saved model at `path` with `rollout.engine`: `hf` on the loaded model, or an
+    engine that loads `path` itself (`vllm`; the model is then never loaded as a torch module here). `auto` loads
+    the model to choose (`batch_size` rows a call), and `build_rollout` drops it again where `vllm` wins."""
+    def load_policy() -> torch.nn.Module | None:
+        if config.rollout.engine == "vllm":
+            return None
+        return load_frozen(load_causal_lm, ModelConfig(path=path), device, key=key)
+
+    # The model is handed over unnamed, so that `build_rollout` holds its only reference and can free it.
+    return build_rollout(config.rollout, policy=load_policy(), tokenizer=tokenizer, generation=config.generation,
+                         scorer=scorer, device=device, rows_per_call=config.batch_size,
+                         setup=EngineSetup(path, seed=0), agent=agent, label=key)
 
 
 def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
@@ -188,16 +189,16 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
     models = {prefix: path for prefix, path in paths.items() if path}
     tokenizers = {prefix: load_tokenizer(path) for prefix, path in models.items()}
     # Before any model loads: an environment's code tool proves its sandbox with a canary program here.
-    agents = {prefix: build_agent_rollout(config.environment, tokenizers[prefix]) for prefix in models}
+    agents = {prefix: build_agent(config.environment, tokenizers[prefix]) for prefix in models}
     for prefix, path in models.items():
-        tokenizer, agent = tokenizers[prefix], agents[prefix]
-        engine = build_evaluation_engine(config, path, MODEL_KEYS[prefix], device)
+        agent = agents[prefix]
+        rollout = build_evaluation_rollout(config, path, MODEL_KEYS[prefix], device, tokenizers[prefix], scorers[0],
+                                           agent)
         torch.manual_seed(config.seed)  # every model draws the same random numbers
         try:
-            values, rollouts = score_rows(engine, tokenizer, rows, config.generation, device, scorers, env.rank,
-                                          env.world_size, config.batch_size, agent=agent)
+            values, rollouts = score_rows(rollout, rows, scorers[1:], env.rank, env.world_size, config.batch_size)
         finally:
-            engine.close()  # one model's engine at a time
+            rollout.close()  # one model's engine at a time
         per_sample = {name: row.tolist() for name, row in zip([*names, *ROW_FIELDS], values.cpu())}
         per_sample["valid_tool_calls"] = [float(errors == 0) for errors in per_sample["tool_errors"]]
         per_row[prefix] = {name: prompt_means(column, repeats) for name, column in per_sample.items()}
@@ -208,7 +209,7 @@ def run_evaluation(config: EvaluateConfig) -> dict[str, float]:
             metrics.update({f"{prefix}{name}": value for name, value in counts.items()})
         samples[prefix or "candidate"] = [s for rollout in rollouts for s in rollout.samples(len(rollout.prompts))]
         logger.info("%s: %s", path, ", ".join(f"{n}={v:.4f}" for n, v in zip(names, means)))
-        del engine
+        del rollout
     decisions = [judge(config, per_row[""], per_row[prefix], reference)
                  for prefix, reference in (("baseline_", "baseline"), ("champion_", "champion")) if prefix in per_row]
     if config.baseline_path:

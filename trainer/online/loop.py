@@ -10,16 +10,16 @@ Every optimizer step goes through `algorithms.update.train_step` with the algori
 
 What PPO and GRPO do differently is asked of the stage's algorithm object (`self.algorithm`, from
 `trainer.algorithms.online.registry.online_algorithm`): its advantages, objectives, KL coefficient
-and episode metrics. One GRPO step reads loop -> rollout (`trainer.online.rollout`) -> algorithm
-(`trainer.algorithms.online.grpo`) -> update (`trainer.algorithms.update.train_step`).
+and episode metrics. One GRPO step reads loop -> rollout (the stage's `Rollout`, `trainer.rollout`)
+-> algorithm (`trainer.algorithms.online.grpo`) -> update (`trainer.algorithms.update.train_step`).
 
 Work that cannot change the result is left out: no reference model without a KL term
 (`OnlineAlgorithm.needs_reference`), and no "old" log-prob forward when the episode's only optimizer
 step runs on the weights that sampled it (`OnlineAlgorithm.is_exactly_on_policy`; the objective then
 takes the current log-probs as constants, `ppo.old_or_current_logps`, and the rollout correction of an
 engine's log-probs takes the trainer's from the update's own forward,
-`rollout_correction.CorrectionInUpdate`). Responses are sampled through the configured `RolloutEngine`
-(`trainer.online.engines`).
+`rollout_correction.CorrectionInUpdate`). Responses are sampled and scored by the stage's `Rollout`
+(`trainer.rollout.builder.build_rollout`) through the configured engine.
 
 The asynchronous engine (`trainer.asynchronous.verl`) asks the same algorithm objects, and shares the
 batching in `trainer.online.batches`, so each exists once.
@@ -30,12 +30,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.online.base import OnlineAlgorithm
 from trainer.algorithms.online.ppo import critic_metric_names
 from trainer.algorithms.online.registry import online_algorithm
@@ -48,20 +47,14 @@ from trainer.config import OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
 from trainer.online.correction import METRIC_PREFIX, correct_rollout
-from trainer.online.engine_choice import resolve_engine
-from trainer.online.engine_registry import build_rollout_engine
-from trainer.online.engines import RolloutEngine, engine_setup
-from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
 from trainer.online.prompts import PromptStream
-from trainer.online.rollout import SAMPLES_KEPT, generate_and_score
 from trainer.parallel.booster import Booster
 from trainer.rewards.weighted import reward_metrics
+from trainer.rollout.experience import Experience, ReplayBuffer, concat_experiences
+from trainer.rollout.interface import SAMPLES_KEPT, Rollout
 from trainer.runtime import all_reduce_sum
 from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
-
-if TYPE_CHECKING:
-    from trainer.agents.rollout import AgentRollout
 
 logger = logging.getLogger(__name__)
 
@@ -76,18 +69,15 @@ class PPOTrainer(OLTrainer):
         critic: (model, optimizer, scheduler) of the value model; None for GRPO.
         ref_model: Frozen reference policy; None when the stage has no KL term
             (`OnlineAlgorithm.needs_reference`).
-        scorer: Scores rollouts (reward model or function), see `trainer.online.reward_sources`.
-        tokenizer: Encodes prompts and decodes responses.
+        rollout: Samples and scores the responses (`trainer.rollout.builder.build_rollout`, on the actor; multi-turn
+            episodes when `config.environment` is set); `config.rollout` is taken from it, its engine chosen.
+        tokenizer: Pads the episode's experience.
         config: The stage config.
         prompts: Prompt rows (`prompt`, optional `answer`).
         checkpoints: Saves actor, critic and the loop position.
         tracker: Receives metrics (no-op off rank 0).
         ptx_batches: Optional SFT batches for the pretraining loss, cycled through.
         stop_after_episodes: Save and stop after this episode count (a simulated preemption).
-        engine: Samples the responses; default the stage's `rollout.engine` on the actor (`auto` chosen here,
-            `engine_choice`).
-        agent: Runs multi-turn episodes of `config.environment`; default built here (the stage builds it before
-            its models load, so a code tool's sandbox canary fails first).
 
     With `sample_buffer` set, `fit` skips `_setup_update_phase_dataload` and each update step trains
     on one minibatch sampled (without replacement within the step) from the episode's experience.
@@ -95,18 +85,18 @@ class PPOTrainer(OLTrainer):
 
     def __init__(self, actor_booster: Booster, critic_booster: Booster | None, data_buffer: ReplayBuffer,
                  sample_buffer: bool = False, dataloader_pin_memory: bool = True, callbacks: list | None = None, *,
-                 actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module | None, scorer: Any,
+                 actor: ModelParts, critic: ModelParts | None, ref_model: nn.Module | None, rollout: Rollout,
                  tokenizer: Any, config: OnlineStageConfig, prompts: list[dict], checkpoints: CheckpointManager,
-                 tracker: Tracker, ptx_batches: list[dict] | None = None, stop_after_episodes: int | None = None,
-                 engine: RolloutEngine | None = None, agent: AgentRollout | None = None) -> None:
+                 tracker: Tracker, ptx_batches: list[dict] | None = None,
+                 stop_after_episodes: int | None = None) -> None:
         super().__init__(actor_booster, critic_booster, data_buffer, sample_buffer, dataloader_pin_memory, callbacks)
-        if config.rollout.engine == "auto":  # chosen before anything reads it (the rollout correction's default)
-            config = resolve_engine(config, actor[0], actor_booster.plugin.device)
-            tracker.log_params({"rollout.chosen_engine": config.rollout.engine})
+        if config.rollout.engine == "auto":  # the rollout's choice, before anything reads it (the correction's default)
+            tracker.log_params({"rollout.chosen_engine": rollout.settings.engine})
+        config = config.model_copy(update={"rollout": rollout.settings})
+        self.rollout = rollout
         self.actor, self.actor_optimizer, self.actor_scheduler = actor
         self.critic, self.critic_optimizer, self.critic_scheduler = critic or (None, None, None)
         self.ref_model = ref_model
-        self.scorer = scorer
         self.tokenizer = tokenizer
         self.config = config
         self.algorithm = online_algorithm(config)  # what PPO and GRPO do differently
@@ -121,10 +111,6 @@ class PPOTrainer(OLTrainer):
         self.prompts = PromptStream(prompts, plugin.world_size, plugin.rank, config.train.seed)
         self.global_step = 0
         self.kl_controller = self.algorithm.build_kl_controller()
-        self.engine = engine if engine is not None else build_rollout_engine(config.rollout, self.actor,
-                                                                             engine_setup(config))
-        # None: one response per prompt. The stage builds it before the models load (a code tool's canary).
-        self.agent = agent if agent is not None else build_agent_rollout(config.environment, tokenizer)
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.critic_nonfinite = NonFiniteGuard(config.train.max_nonfinite_steps)
         self.last_metrics: dict[str, float] = {}
@@ -139,27 +125,25 @@ class PPOTrainer(OLTrainer):
 
     # -- collect ------------------------------------------------------------------------------------
 
-    def rollout(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def collect(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Generate responses for `rows` (`num_generations` per prompt) and score them."""
         rows = [row for row in rows for _ in range(self.config.num_generations)]
-        sample_and_score = self.agent.generate_and_score if self.agent is not None else generate_and_score
-        rollout = sample_and_score(self.engine, self.tokenizer, rows, self.config.generation, self.device, self.scorer,
-                                   self.timer)
-        self.samples = rollout.samples(SAMPLES_KEPT)
-        if rollout.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
-            self.tracker.log_metrics(rollout.metrics, self.global_step)
-        self.tracker.log_metrics(reward_metrics(self.scorer), self.global_step)  # rewards/<source>/mean, /std
-        if self.config.rollout.is_correcting and rollout.engine_logps is not None:  # the engine's own log-probs
-            return {**rollout.batch, "behaviour_logps": rollout.engine_logps}, rollout.scores
-        return rollout.batch, rollout.scores
+        scored = self.rollout.collect(rows, self.timer)
+        self.samples = scored.samples(SAMPLES_KEPT)
+        if scored.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
+            self.tracker.log_metrics(scored.metrics, self.global_step)
+        self.tracker.log_metrics(reward_metrics(self.rollout.scorer), self.global_step)  # rewards/<source>/mean, /std
+        if self.config.rollout.is_correcting and scored.engine_logps is not None:  # the engine's own log-probs
+            return {**scored.batch, "behaviour_logps": scored.engine_logps}, scored.scores
+        return scored.batch, scored.scores
 
     @torch.no_grad()
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._experience = None  # a new episode
             with self.timer.phase("sync_weights"):
-                self.engine.sync_from(self.actor)  # the last episode's updates (a no-op when it samples with the actor)
-        batch, scores = self.rollout(self.prompts.take(self.options.rollout_batch_size))
+                self.rollout.sync_weights(self.actor)  # the last episode's updates (a no-op when it samples with it)
+        batch, scores = self.collect(self.prompts.take(self.options.rollout_batch_size))
         return self.annotate(batch, scores)
 
     @torch.no_grad()
@@ -332,10 +316,9 @@ class PPOTrainer(OLTrainer):
         from trainer.online.evaluate import mean_score
 
         plugin = self.actor_booster.plugin
-        self.engine.sync_from(self.actor)  # an engine with its own weights has not seen the last episode's updates
-        greedy = self.config.generation.model_copy(update={"temperature": 0.0})
-        means, _ = mean_score(self.engine, self.tokenizer, rows, greedy, self.device, [self.scorer], plugin.rank,
-                              plugin.world_size, agent=self.agent)
+        self.rollout.sync_weights(self.actor)  # an engine with its own weights has not seen the last updates
+        greedy = self.rollout.with_generation(self.config.generation.model_copy(update={"temperature": 0.0}))
+        means, _ = mean_score(greedy, rows, rank=plugin.rank, world_size=plugin.world_size)
         return means[0]
 
 

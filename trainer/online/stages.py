@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from trainer.agents.setup import build_agent_rollout
 from trainer.algorithms.online.registry import online_algorithm
 from trainer.base import StopTraining
 from trainer.checkpointing.checkpoint import CheckpointManager, ModelParts
@@ -32,10 +31,12 @@ from trainer.lifecycle.context import (
 )
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.modeling.optim import build_optimizer, build_scheduler
-from trainer.online.experience import ReplayBuffer
 from trainer.online.loop import PPOTrainer, trainer_class
 from trainer.parallel.booster import Booster, Plugin, build_booster
 from trainer.rewards.weighted import build_weighted_scorer
+from trainer.rollout.builder import build_agent, build_rollout
+from trainer.rollout.engines import engine_setup
+from trainer.rollout.experience import ReplayBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     plugin = context.plugin
     algorithm = online_algorithm(config)
     scorer = build_weighted_scorer(config, plugin.device, plugin=plugin)
-    agent = build_agent_rollout(config.environment, context.tokenizer)  # a code tool's sandbox proves itself here
+    agent = build_agent(config.environment, context.tokenizer)  # a code tool's sandbox proves itself here
     reference = load_frozen(load_causal_lm, config.model, plugin.device, plugin=plugin) \
         if algorithm.needs_reference else None
     seed_everything(config.train.seed)
@@ -103,10 +104,13 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
     critic_booster, critic = boost_critic(context, critic_model, config, total) if critic_model is not None else (None, None)
     checkpoints = CheckpointManager(context.checkpoint_root(), context.booster, config.checkpoint.keep_last,
                                     boosters={"critic": critic_booster} if critic_booster else None)
+    rollout = build_rollout(config.rollout, policy=actor[0], tokenizer=context.tokenizer, generation=config.generation,
+                            scorer=scorer, device=plugin.device, setup=engine_setup(config), agent=agent,
+                            rows_per_call=config.algorithm.rollout_batch_size * config.num_generations)
     return trainer_class(algorithm)(
         context.booster, critic_booster, ReplayBuffer(), actor=actor, critic=critic, ref_model=reference,
-        scorer=scorer, tokenizer=context.tokenizer, config=config, prompts=prompts, checkpoints=checkpoints,
-        tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes, agent=agent)
+        rollout=rollout, tokenizer=context.tokenizer, config=config, prompts=prompts, checkpoints=checkpoints,
+        tracker=context.tracker, ptx_batches=ptx_batches, stop_after_episodes=stop_after_episodes)
 
 
 def load_ptx_batches(config: OnlineStageConfig, context: RunContext) -> list[dict]:
@@ -155,6 +159,6 @@ def run_online_stage(config: OnlineStageConfig, stop_after_episodes: int | None 
         return OnlineResult(metrics, trainer.actor, trainer.critic)
     finally:
         if trainer is not None:
-            trainer.engine.close()  # a vLLM engine's memory and threads (`hf` holds nothing)
+            trainer.rollout.close()  # a vLLM engine's memory and threads (`hf` holds nothing)
         close_context(context)
 

@@ -3,7 +3,7 @@
 A row's `answer` holds its test cases, as competitive-programming sets carry them: a list (or its
 JSON text) of `{"input": "...", "output": "..."}`. The program is the last fenced code block of the
 response (```` ```python ```` or a bare fence), else the whole response. Each case is one run in the
-sandbox (`trainer.agents.sandbox`, local or the chart's service): the program reads the case's
+sandbox (`trainer.sandbox`, local or the chart's service): the program reads the case's
 input on stdin, and it passes when its stdout equals the case's output, compared line by line with
 trailing spaces and trailing empty lines dropped. The score is passed cases / cases, in [0, 1].
 
@@ -22,10 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from trainer.errors import ConfigError, RewardError
+from trainer.rollout.scoring import RowScorer
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 # Put before the program: the case's input becomes stdin (with `.buffer`, as sys.stdin has), so `input()`,
@@ -66,7 +64,7 @@ def same_output(printed: str, expected: str) -> bool:
     return lines(printed) == lines(expected)
 
 
-class CodeTestsScorer:
+class CodeTestsScorer(RowScorer):
     """Scores each response by the share of its row's test cases its program passes in the sandbox."""
 
     def __init__(self, sandbox: Any, limits: Any, max_concurrency: int = 4) -> None:
@@ -77,7 +75,7 @@ class CodeTestsScorer:
     @classmethod
     def build(cls, config: Any, key: str) -> CodeTestsScorer:
         """The scorer for a `sandbox` section; checks once that the sandbox starts and holds here, else ConfigError."""
-        from trainer.agents.sandbox import SandboxUnavailableError, build_sandbox
+        from trainer.sandbox import SandboxUnavailableError, build_sandbox
 
         try:
             sandbox = build_sandbox(config)
@@ -86,8 +84,8 @@ class CodeTestsScorer:
             raise ConfigError(f"{key}.sandbox: {err}") from None
         return cls(sandbox, config.limits)
 
-    def __call__(self, batch: dict[str, Tensor], prompts: list[str], completions: list[str],
-                 answers: list[Any]) -> Tensor:
+    def score(self, prompts: list[str], completions: list[str], answers: list[Any]) -> list[float]:
+        """The share of each row's test cases its response's program passes (0 for a row with none)."""
         runs = [(row, program_of(completion), case) for row, (completion, answer)
                 in enumerate(zip(completions, answers)) for case in cases_of(answer, row)]
         passed, cases = [0] * len(completions), [0] * len(completions)
@@ -95,8 +93,7 @@ class CodeTestsScorer:
             for (row, _, _), ok in zip(runs, pool.map(lambda run: self._passes(run[1], *run[2]), runs)):
                 passed[row] += ok
                 cases[row] += 1
-        scores = [done / total if total else 0.0 for done, total in zip(passed, cases)]
-        return torch.tensor(scores, dtype=torch.float32, device=batch["input_ids"].device)  # (B,)
+        return [done / total if total else 0.0 for done, total in zip(passed, cases)]
 
     def _passes(self, program: str, stdin: str, expected: str) -> bool:
         result = self.sandbox.run_python(_STDIN_PRELUDE.format(data=stdin.encode()) + program, limits=self.limits)

@@ -23,12 +23,10 @@ import logging
 import re
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from trainer.config.rewards import JudgeConfig
 from trainer.errors import RewardError
 from trainer.rewards.service_client import ServiceClient, ServiceUnavailable
+from trainer.rollout.scoring import RowScorer
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ def reply_text(answer: Any) -> str | None:
     return content if isinstance(content, str) else None
 
 
-class JudgeScorer:
+class JudgeScorer(RowScorer):
     """Scores rows by asking an LLM judge (the module docstring has the protocol and the failure rule).
 
     Args:
@@ -72,11 +70,6 @@ class JudgeScorer:
         self.unparsed = 0
         self.failed_rows = 0
         self.requests = 0
-
-    def __call__(self, batch: dict[str, Tensor], prompts: list[str], completions: list[str],
-                 answers: list[Any]) -> Tensor:
-        scores = self.score(prompts, completions, answers)
-        return torch.tensor(scores, dtype=torch.float32, device=batch["input_ids"].device)  # (B,)
 
     def score(self, prompts: list[str], completions: list[str], answers: list[Any]) -> list[float]:
         """One reward in [0, 1] per row; identical requests are sent once."""

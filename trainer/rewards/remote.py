@@ -23,11 +23,9 @@ import math
 import numbers
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from trainer.errors import RewardError
 from trainer.rewards.service_client import ServiceClient, ServiceUnavailable
+from trainer.rollout.scoring import RowScorer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ def check_score(value: Any, where: str, row: int, prompts: list[str]) -> float:
     return float(value)
 
 
-class RemoteScorer:
+class RemoteScorer(RowScorer):
     """Scores rows with a reward service (the module docstring has the schema).
 
     Args:
@@ -52,11 +50,6 @@ class RemoteScorer:
         self.name = name
         self.client = client
         self.failed_rows = 0
-
-    def __call__(self, batch: dict[str, Tensor], prompts: list[str], completions: list[str],
-                 answers: list[Any]) -> Tensor:
-        scores = self.score(prompts, completions, answers)
-        return torch.tensor(scores, dtype=torch.float32, device=batch["input_ids"].device)  # (B,)
 
     def score(self, prompts: list[str], completions: list[str], answers: list[Any]) -> list[float]:
         """One finite float per row (0 for rows of a batch the service never answered, with on_failure zero)."""

@@ -14,23 +14,22 @@ tokenizer). Routes (standard library `http.server`, one thread per request, one 
 - `GET /health`: `{"status": "ok", "requests": {"score": n, "chat": n}}` (readiness and tests).
 
 With `--token-env NAME` every POST must carry `Authorization: Bearer <$NAME>` (else HTTP 401); the
-token is never printed. Not a production server: no TLS (put it behind the cluster's mesh or
-ingress), no batching across requests.
+token is never printed. The token check, the body and the JSON answers are `trainer.http.handler`'s
+(a body over 16 MiB is refused with 413). Not a production server: no TLS (put it behind the
+cluster's mesh or ingress), no batching across requests.
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
-import json
 import logging
 import os
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import torch
+
+from trainer.http.handler import JsonHandler, JsonServer
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -80,38 +79,32 @@ def check_strings(body: dict, key: str, rows: int | None = None) -> list[str]:
     return values
 
 
-def build_handler(service: RewardModelService, token: str | None) -> type[BaseHTTPRequestHandler]:
-    """The request handler class bound to `service` (and to `token`, when requests must carry it)."""
+def build_handler(service: RewardModelService) -> type[JsonHandler]:
+    """The request handler class bound to `service`; the token check and the JSON are `JsonHandler`'s."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-            logger.debug(format, *args)  # request lines stay out of stderr; they carry no token anyway
+        max_body_bytes = MAX_BODY_BYTES
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path != "/health":
-                return self.reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+                return self.reply_error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
             return self.reply(HTTPStatus.OK, {"status": "ok", "requests": dict(service.counts)})
 
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            if token is not None and not hmac.compare_digest(self.headers.get("Authorization", ""),
-                                                             f"Bearer {token}"):
-                return self.reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                return self.reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "body too large"})
+            if not self.is_authorized():
+                return None
+            body = self.read_json_object()
+            if body is None:
+                return None
             try:
-                body = json.loads(self.rfile.read(length) or b"null")
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
                 if self.path == "/score":
                     return self.reply(HTTPStatus.OK, self.score(body))
                 if self.path == "/v1/chat/completions":
                     return self.reply(HTTPStatus.OK, self.chat(body))
             except ValueError as err:
-                return self.reply(HTTPStatus.BAD_REQUEST, {"error": str(err)})
-            return self.reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+                return self.reply_error(HTTPStatus.BAD_REQUEST, str(err))
+            return self.reply_error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
 
         def score(self, body: dict) -> dict:
             prompts = check_strings(body, "prompts")
@@ -132,14 +125,6 @@ def build_handler(service: RewardModelService, token: str | None) -> type[BaseHT
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                  "finish_reason": "stop"}]}
 
-        def reply(self, status: HTTPStatus, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
     return Handler
 
 
@@ -159,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         if not token:
             parser.error(f"--token-env names {args.token_env}, which is not set or empty")
     service = RewardModelService(args.model, args.max_length)
-    server = ThreadingHTTPServer((args.host, args.port), build_handler(service, token))
+    server = JsonServer((args.host, args.port), build_handler(service), token=token)
     host, port = server.server_address[:2]
     print(f"alignflow reward server on http://{host}:{port}", flush=True)  # tests and probes read the port here
     try:

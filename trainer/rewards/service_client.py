@@ -1,12 +1,14 @@
 """The HTTP client every remote reward source uses: JSON POSTs with a timeout, retries, a concurrency limit, a token.
 
-Standard library only (`urllib`): a reward service and an OpenAI-compatible judge both take one JSON
-POST and answer JSON, which needs no client package.
+Built on `trainer.http`: one request is a `JsonClient.send` (the token, the timeout, one-line errors
+naming the service and its URL), what is retried is what `is_transient` calls transient, and the
+waits are a `RetryPolicy`'s. What this module adds is the failure rule of one scoring call.
 
 Failure rule. A request that cannot connect, breaks off (a reset, an answer cut short, a status
-line that is not HTTP), times out, or gets HTTP 408, 429 or 5xx is retried `max_retries` times,
-waiting `ServiceConfig.retry_waits()` (backoff doubled per retry, capped at `max_backoff_seconds`,
-plus up to 25% jitter so that clients do not retry in step). After the last try it is a
+line that is not HTTP), times out, or gets HTTP 408, 429, 500, 502, 503 or 504 is retried
+`max_retries` times, waiting `backoff_seconds` doubled per retry and capped at
+`max_backoff_seconds` (longer when the service asks so with Retry-After, within the same cap), plus
+up to 25% jitter so that clients do not retry in step. After the last try it is a
 `ServiceUnavailable`, one line naming the service and its URL. The requests of one scoring call
 share their fate: once one has failed for good the others stop (no new tries, waits cut short)
 and end with that same failure, so a dead service fails a step in about one retry budget rather
@@ -17,21 +19,18 @@ once: retrying a request the service refuses changes nothing.
 wrong host or port stops the run in seconds rather than at the first scoring.
 
 The bearer token is read from the environment variable `token_env` or the file `token_file` (a
-Kubernetes Secret, as env or as a mounted volume) when the client is built, kept in a private
-attribute, sent only in the Authorization header, and blanked out of every message this client
-builds (an error body that quotes the header included); never put into a repr or a log.
+Kubernetes Secret, as env or as a mounted volume) when the client is built, and handed to the
+`JsonClient`, which sends it only in the Authorization header and blanks it out of every message
+(an error body that quotes the header included); never put into a repr or a log.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
+import itertools
 import logging
 import os
-import random
 import threading
-import urllib.error
-import urllib.request
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,15 +38,16 @@ from typing import Any
 
 from trainer.config.rewards import ServiceConfig
 from trainer.errors import ConfigError, RewardError
-from trainer.redact import mask_secrets
+from trainer.http.client import BearerToken, JsonClient
+from trainer.http.errors import ServiceCallError, ServiceError
+from trainer.http.retry import RetryPolicy
+from trainer.http.transient import is_transient
 
 logger = logging.getLogger(__name__)
-RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # Answers to the start-up probe that mean "nothing is serving yet" (a proxy or ingress without a backend).
 NOT_READY_STATUSES = frozenset({502, 503, 504})
 JITTER = 0.25  # each wait is stretched by a random 0-25%
 PROBE_TIMEOUT_SECONDS = 5.0
-MAX_ERROR_BODY_BYTES = 64 * 1024  # read (and blanked) before the message keeps its first 200 characters
 
 
 class ServiceUnavailable(RewardError):
@@ -73,16 +73,9 @@ def read_token(options: ServiceConfig, key: str, environ: Mapping[str, str] | No
     return None
 
 
-def one_line(text: str) -> str:
-    """`text` with each run of whitespace (newlines included) as one space: a message stays one line."""
-    return " ".join(text.split())
-
-
-def describe_transport_error(err: BaseException) -> str:
-    """`ConnectionRefusedError: [Errno 111] Connection refused` for a failure below HTTP, unwrapping urllib's."""
-    reason = err.reason if isinstance(err, urllib.error.URLError) else err
-    text = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
-    return one_line(text)  # BadStatusLine's text is the line received, CRLF included
+def retry_policy(options: ServiceConfig, sleep: Callable[[float], Any] = time.sleep) -> RetryPolicy:
+    """The waits of one request to the service `options` describes (`.waits()`: the schedule without jitter)."""
+    return RetryPolicy(options.max_retries, options.backoff_seconds, options.max_backoff_seconds, sleep, jitter=JITTER)
 
 
 class RequestGroup:
@@ -124,15 +117,16 @@ class ServiceClient:
         self.name = name
         self.options = options
         self.key = key
-        self._token = read_token(options, key, environ)
-        self._random = random.Random()  # jitter; a private generator leaves the run's seeded streams alone
+        token = read_token(options, key, environ)
+        self.http = JsonClient(f"reward service {name}", token=None if token is None else BearerToken(token),
+                               timeout_seconds=options.timeout_seconds)
 
     def __repr__(self) -> str:  # the token stays out of every repr (and so of tracebacks' locals printers)
         return f"ServiceClient({self.name!r}, {self.options.url!r})"
 
     def blank(self, text: str) -> str:
         """`text` with this client's token masked: every message built from what a service sent passes here."""
-        return mask_secrets(text, [self._token] if self._token else [])
+        return self.http.blank(text)
 
     def post(self, url: str, body: Any) -> Any:
         """The JSON answer to one POST of `body`, retried as the module docstring says; ServiceUnavailable if none."""
@@ -167,66 +161,32 @@ class ServiceClient:
             raise RewardError(f"{self.key}.url: {failure}; checked when the stage starts, before the model loads")
 
     def _post(self, url: str, body: Any, group: RequestGroup) -> Any:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-        return self._with_retries(lambda: self._send(request), group)
+        return self._with_retries(lambda: self.http.send("POST", url, body), group)
 
     def _with_retries(self, attempt: Callable[[], Any], group: RequestGroup) -> Any:
-        """What `attempt` returns once it raises no ServiceUnavailable, or the group's failure for good."""
-        waits = self.options.retry_waits()
-        for tries, wait in enumerate([*waits, None], start=1):
+        """What `attempt` returns once it succeeds, or the group's failure for good; RewardError at once for a
+        failure that is not transient."""
+        policy = retry_policy(self.options, sleep=group.failed.wait)  # a wait ends early if the group fails meanwhile
+        waits = policy.waits()
+        for tries in itertools.count(1):
             if group.failure is not None:  # another request of the group has failed for good
                 return group.failure
             try:
                 return attempt()
-            except ServiceUnavailable as err:
+            except ServiceError as err:  # its message names the service and the URL, the token masked
+                if not is_transient(err):
+                    raise RewardError(str(err)) from None
+                wait = policy.next_wait(err)
                 if wait is None:
                     return group.fail(ServiceUnavailable(f"{err} (after {tries} tries over {sum(waits):.1f} s "
                                                          f"of waits)"))
-                wait *= 1 + JITTER * self._random.random()
                 group.log_retry(f"{err}; retrying in {wait:.2f} s (try {tries + 1} of {len(waits) + 1})")
-                group.failed.wait(wait)  # returns early if another request fails for good meanwhile
-        raise AssertionError("unreachable")
-
-    def _send(self, request: urllib.request.Request) -> Any:
-        where = f"reward service {self.name} ({request.full_url})"
-        try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_seconds) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as err:
-            if err.code in RETRIED_STATUSES:
-                raise ServiceUnavailable(f"{where} answered HTTP {err.code}") from None
-            detail = one_line(self.blank(self._error_body(err)))[:200]
-            raise RewardError(self.blank(f"{where} answered HTTP {err.code} {err.reason}: {detail}")) from None
-        except (http.client.InvalidURL, ValueError) as err:  # the config check lets none through; kept to one line
-            raise RewardError(f"{where}: the URL cannot be used ({err})") from None
-        except (http.client.HTTPException, OSError) as err:  # refused, reset, cut short, not HTTP, timed out
-            raise ServiceUnavailable(self.blank(f"{where} is unreachable or broke off: "
-                                                f"{describe_transport_error(err)}")) from None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise RewardError(self.blank(f"{where} answered something that is not JSON: {raw[:80]!r}")) from None
+                policy.sleep(wait)
 
     def _probe(self) -> None:
-        where = f"reward service {self.name} ({self.options.url})"
-        request = urllib.request.Request(self.options.url, method="GET")  # no token: the probe needs none
-        try:
-            with urllib.request.urlopen(request, timeout=min(self.options.timeout_seconds, PROBE_TIMEOUT_SECONDS)):
-                return
-        except urllib.error.HTTPError as err:
-            if err.code in NOT_READY_STATUSES:
-                raise ServiceUnavailable(f"{where} answered HTTP {err.code}") from None
-        except (http.client.InvalidURL, ValueError) as err:
-            raise RewardError(f"{where}: the URL cannot be used ({err})") from None
-        except (http.client.HTTPException, OSError) as err:
-            raise ServiceUnavailable(f"{where} is unreachable: {describe_transport_error(err)}") from None
-
-    @staticmethod
-    def _error_body(err: urllib.error.HTTPError) -> str:
-        try:
-            return err.read(MAX_ERROR_BODY_BYTES).decode(errors="replace")
-        except (http.client.HTTPException, OSError):
-            return ""
+        """Return once an HTTP server answers at the URL, with anything but 502-504; ServiceCallError otherwise."""
+        url = self.options.url
+        status = self.http.status_of(url, timeout=min(self.options.timeout_seconds, PROBE_TIMEOUT_SECONDS))
+        if status in NOT_READY_STATUSES:
+            raise ServiceCallError(f"{self.http.service} ({url}) answered HTTP {status}", url=url, status=status,
+                                   reason="")

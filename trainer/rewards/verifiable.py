@@ -14,10 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from trainer.errors import ConfigError
+from trainer.rollout.scoring import RowScorer
 
 PARSE_TIMEOUT_SECONDS = 5
 
@@ -62,16 +60,15 @@ def format_match(completion: str, pattern: re.Pattern) -> float:
     return float(pattern.fullmatch(completion) is not None)
 
 
-class TextScorer:
+class TextScorer(RowScorer):
     """The stage's scorer interface around a per-row check `check(completion, answer) -> float`."""
 
     def __init__(self, check: Callable[[str, Any], float]) -> None:
         self.check = check
 
-    def __call__(self, batch: dict[str, Tensor], prompts: list[str], completions: list[str],
-                 answers: list[Any]) -> Tensor:
-        scores = [self.check(completion, answer) for completion, answer in zip(completions, answers)]
-        return torch.tensor(scores, dtype=torch.float32, device=batch["input_ids"].device)  # (B,)
+    def score(self, prompts: list[str], completions: list[str], answers: list[Any]) -> list[float]:
+        """The check of each row's response against its answer."""
+        return [self.check(completion, answer) for completion, answer in zip(completions, answers)]
 
 
 def build_verifiable_scorer(kind: str, *, pattern: str | None = None, normalize: bool = True) -> TextScorer:

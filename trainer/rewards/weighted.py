@@ -20,6 +20,7 @@ from torch import Tensor
 
 from trainer.config import OnlineStageConfig
 from trainer.config.rewards import RewardSourceSpec
+from trainer.rollout.scoring import Scorer
 
 if TYPE_CHECKING:
     from trainer.parallel.booster import Plugin
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 class WeightedSource:
     name: str
     weight: float
-    scorer: Any
+    scorer: Scorer
     """Called as scorer(batch, prompts, completions, answers) -> (B,) scores."""
 
 
@@ -63,7 +64,7 @@ class WeightedScorer:
         return metrics
 
 
-def reward_metrics(scorer: Any) -> dict[str, float]:
+def reward_metrics(scorer: Scorer) -> dict[str, float]:
     """The per-source metrics of a `WeightedScorer`; none for any other scorer."""
     return scorer.metrics() if isinstance(scorer, WeightedScorer) else {}
 
@@ -76,16 +77,16 @@ def source_key(config: OnlineStageConfig, index: int) -> str:
 
 
 def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, device: torch.device,
-                 plugin: Plugin | None = None) -> Any:
+                 plugin: Plugin | None = None) -> Scorer:
     """The scorer of one source (`key`: its dotted config key, for messages)."""
     if spec.kind == "function":
-        from trainer.online.reward_sources import FunctionScorer, load_reward_function
+        from trainer.rewards.functions import FunctionScorer, load_reward_function
 
         name_key = key if key == "reward.function" else f"{key}.name"
         return FunctionScorer(load_reward_function(spec.name, key=name_key), config.reward.timeout_seconds)
     if spec.kind == "model":
         from trainer.modeling.models import load_frozen, load_value_model
-        from trainer.online.reward_sources import RewardModelScorer
+        from trainer.rewards.reward_model import RewardModelScorer
 
         path_key = key if key == "reward.model_path" else f"{key}.path"
         return RewardModelScorer(load_frozen(load_value_model, config.model, device, spec.path, key=path_key,
@@ -103,8 +104,8 @@ def build_source(spec: RewardSourceSpec, key: str, config: OnlineStageConfig, de
 
         return JudgeScorer(spec.label, client, spec.judge)
     if spec.kind == "code_tests":
-        from trainer.agents.sandbox import SandboxConfig
         from trainer.rewards.code_tests import CodeTestsScorer
+        from trainer.sandbox import SandboxConfig
 
         return CodeTestsScorer.build(spec.sandbox or SandboxConfig(), key)
     from trainer.rewards.verifiable import build_verifiable_scorer

@@ -87,5 +87,5 @@ def write_task(directory: str | Path, seed: int = 0) -> dict[str, Path]:
 
 def reward(prompt: str, completion: str, answer: str | None) -> float:
     """The task's reward function for PPO/GRPO, the built-in `reward.function: tiny_addition`
-    (`trainer.online.reward_registry`; its import path `trainer.tiny.task:reward` is an alias)."""
+    (`trainer.rewards.function_registry`; its import path `trainer.tiny.task:reward` is an alias)."""
     return check_answer(completion, answer or "")

@@ -10,7 +10,8 @@ good for nothing else, refreshed by the kubelet). A status update is one POST of
 with the token as a bearer token; the controller verifies it against the cluster's service-account issuer
 (signature, expiry, this TrainJob's audience) and that it was issued in the TrainJob's namespace (not which pod
 sent it), and writes the status. This is the contract the Kubeflow SDK's `update_trainjob_status` speaks; the trainer image carries no SDK,
-so it is spoken here with the standard library.
+so it is spoken here with `trainer.http`'s JSON client (standard library only), one try per send: the next send
+is the retry.
 
 `TrainJobStatusReporter` is a `Tracker`: it reads the metrics the loops already log (`loss`,
 `perf/tokens_per_second`, `episode/reward_mean`, and the loops' `progress/*` counters) and keeps only the latest.
@@ -26,17 +27,16 @@ Without the variables (a PyTorchJob, an older Trainer, the gate off, a local run
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import math
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trainer.http.client import BearerToken, JsonClient
+from trainer.http.errors import ServiceError
 from trainer.redact import redact_text
 from trainer.runtime import TrainJobStatusEnv
 
@@ -123,17 +123,14 @@ class StatusEndpoint:
 
     def __init__(self, env: TrainJobStatusEnv) -> None:
         self.url = env.url
-        self.token_path = Path(env.token_path) if env.token_path else None
-        self.context = ssl.create_default_context(cafile=env.ca_cert_path or None)
+        self.client = JsonClient("the TrainJob status endpoint",
+                                 token=BearerToken(path=env.token_path) if env.token_path else None,
+                                 ssl_context=ssl.create_default_context(cafile=env.ca_cert_path or None))
 
     def send(self, trainer_status: dict[str, Any], timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
-        """Raises OSError (urllib's errors among them) when the update is not accepted within `timeout` seconds."""
-        token = self.token_path.read_text().strip() if self.token_path else ""
-        request = urllib.request.Request(self.url, data=json.dumps({"trainerStatus": trainer_status}).encode(),
-                                         method="POST", headers={"Content-Type": "application/json",
-                                                                 "Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
-            response.read()
+        """Raises ServiceError when the update is not accepted within `timeout` seconds (its answer is not parsed:
+        the SDK ignores it too)."""
+        self.client.send("POST", self.url, {"trainerStatus": trainer_status}, timeout=timeout, expect_answer=False)
 
 
 class TrainJobStatusReporter:
@@ -198,7 +195,7 @@ class TrainJobStatusReporter:
             version, payload = self.state.version, self.state.trainer_status()
         try:
             self.endpoint.send(payload, timeout)
-        except (OSError, ValueError) as err:
+        except ServiceError as err:
             self._last_send_failed = True
             if not self._has_warned:
                 logger.warning("cannot report progress to the TrainJob (%s); training goes on, later failures are "

@@ -24,8 +24,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from components.launcher.shared.retry import describe, is_transient
 from trainer.errors import LaunchError
+from trainer.http.transient import describe, is_transient
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from components.launcher.kinds.interface import JobKind
 from components.launcher.kinds.pytorchjob import api as pytorchjob_api
 from components.launcher.kinds.trainjob import api as trainjob_api
 from components.launcher.settings.scheduling import check_job_kind
-from components.launcher.shared.retry import RetryPolicy, describe
+from components.launcher.shared.retry import RetryPolicy
 from trainer.errors import LaunchError
+from trainer.http.transient import describe
 
 logger = logging.getLogger(__name__)
 

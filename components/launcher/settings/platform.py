@@ -45,7 +45,6 @@ from components.launcher.settings.scheduling import options_from_environment
 from trainer.allow_list import ALLOW_LIST_VARIABLES
 from trainer.errors import LaunchError
 
-MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 # Passed to the job as plain environment (after the tracking URI loses its credentials). The allow-lists too: the
 # trainer resolves reward functions, environments and tools in the job's pods.
 JOB_ENV_NAMES = ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "ALIGNFLOW_PARENT_RUN_ID",

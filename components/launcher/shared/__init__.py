@@ -1,2 +1,2 @@
-"""Pieces the launcher's rooms (and the `alignflow` CLI) share: retrying transient API failures (`retry.py`),
+"""Pieces the launcher's rooms share: the retry policy for the Kubernetes API (`retry.py`, over `trainer.http`'s),
 Kubernetes quantities (`quantities.py`)."""

@@ -37,7 +37,7 @@ SCENARIOS = [
                 " TrainJob a preemption too) and resume", ["tests/cluster/test_multi_node.py"]),
     ("trainer", "the code sandbox's escape tests, the trainer stand-in in a pod of the image as its user (the image's"
                 " Python and trainer, a service-account token mounted): each escape contained",
-     ["tests/trainer/agents/sandbox/test_local.py"]),
+     ["tests/trainer/sandbox/test_local.py"]),
 ]
 
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tests.trainer.agents.environments import hang
-from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
+from tests.trainer.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.agents.tools import CUT_MARKER, Tool, ToolBox, argument_problem, as_tool, check_requirements
 from trainer.errors import ConfigError
 from trainer.tiny.agent_task import calculator

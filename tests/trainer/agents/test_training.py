@@ -96,16 +96,16 @@ def test_python_m_trainer_evaluate_scores_episodes(tmp_path, tiny_model, agent_f
 
 
 def test_environment_section_is_strict_and_names_are_checked_at_start_up(tmp_path, tiny_model, agent_files):
-    from trainer.agents.rollout import AgentRollout
     from trainer.config.environment import EnvironmentConfig
     from trainer.errors import ConfigError
+    from trainer.rollout.multi_turn import Agent
     from trainer.tiny.model import build_tokenizer
 
     with pytest.raises(ConfigError, match="environment.max_turn"):
         make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], reward={"function": "tiny_calculator"},
                     environment={"name": "tools", "max_turn": 3})
     with pytest.raises(ConfigError, match="environment.tools is 'os:system', which is not an allowed tool"):
-        AgentRollout(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())
+        Agent(EnvironmentConfig(name="tools", tools=["os:system"]), build_tokenizer())
 
 
 def test_tool_call_validity_is_weighted_by_the_calls_each_episode_made():

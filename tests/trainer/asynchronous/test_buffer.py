@@ -1,5 +1,5 @@
 """Tests for the experience buffers (`trainer.asynchronous.buffer`), weight publishing (`trainer.asynchronous.weights`) and
-`Experience` batching (`trainer.online.experience`).
+`Experience` batching (`trainer.rollout.experience`).
 
 Two `FileBuffer` objects on one directory stand in for the explorer and trainer processes; a new
 object on the same directory stands in for a restarted one. Every wait uses a timeout of 0.2 s,
@@ -22,7 +22,7 @@ from trainer.asynchronous.buffer import (
 )
 from trainer.asynchronous.weights import latest_version, load_version, publish_weights, wait_for_version
 from trainer.errors import AlignflowError, DataError, WaitTimeout
-from trainer.online.experience import Experience, ReplayBuffer, concat_experiences
+from trainer.rollout.experience import Experience, ReplayBuffer, concat_experiences
 
 TIMEOUT = 0.2
 

@@ -20,8 +20,8 @@ from trainer.config import GenerationConfig
 from trainer.modeling import shared_prompts
 from trainer.modeling.models import enable_activation_checkpointing
 from trainer.modeling.shared_prompts import prompt_groups, shares_prompts
-from trainer.online import engines
-from trainer.online.engines import HFGenerateEngine
+from trainer.rollout import engines
+from trainer.rollout.engines import HFGenerateEngine
 from trainer.tiny.families import FAMILIES, build_family_config
 from trainer.tiny.model import build_tiny_llama
 
@@ -95,6 +95,26 @@ def test_shared_log_probs_entropy_and_gradient_equal_the_plain_forward(with_posi
     torch.testing.assert_close(entropy, plain_entropy, rtol=0, atol=1e-5)
     for shared, expected in zip(shared_gradient, (p.grad for p in model.parameters())):
         torch.testing.assert_close(shared, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_cache_rows_gathered_by_index_select_equal_batch_select_indices_and_their_gradient():
+    # issue 49: `_select_cache_rows` gathers keys and values with index_select, whose backward is cheaper
+    # than that of the indexing `batch_select_indices` does; values and gradients must not change.
+    model = build_tiny_llama(40, seed=1)
+    ids = torch.randint(3, 40, (3, 6), generator=torch.Generator().manual_seed(0))
+    rows = torch.tensor([2, 0, 1, 2, 0, 1])  # each of 3 prompts gathered twice, as a DPO pair's two rows are
+    gathered = []
+    for select in (shared_prompts._select_cache_rows, lambda cache, group: cache.batch_select_indices(group)):
+        model.zero_grad()
+        cache = model(input_ids=ids, use_cache=True).get(shared_prompts.cache_argument(model))
+        select(cache, rows)
+        weights = torch.arange(1.0, 7.0)[:, None, None, None]  # (6, 1, 1, 1): every row's gradient differs
+        sum((weights * layer.keys + weights.flip(0) * layer.values).sum() for layer in cache.layers).backward()
+        gathered.append(([layer.keys.detach() for layer in cache.layers], [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (keys, gradient), (expected_keys, expected_gradient) = gathered
+    assert all(torch.equal(a, b) for a, b in zip(keys, expected_keys))
+    assert len(gradient) == len(expected_gradient) > 0
+    assert all(torch.equal(a, b) for a, b in zip(gradient, expected_gradient))  # two rows per prompt: same sums
 
 
 def test_models_where_sharing_is_not_exact_take_the_plain_forward():

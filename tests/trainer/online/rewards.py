@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from trainer.online.reward_registry import batched_reward
+from trainer.rewards.function_registry import batched_reward
 
 
 def length(prompt: str, completion: str, answer: str | None) -> float:

@@ -54,7 +54,7 @@ def trainer(tmp_path, rl_start_model, task_files):
 
 def test_engine_logprobs_that_differ_weight_and_mask_the_loss(trainer):
     torch.manual_seed(0)
-    batch, scores = trainer.rollout(trainer.prompts.take(4))
+    batch, scores = trainer.collect(trainer.prompts.take(4))
     mask = batch["action_mask"].float()
     from trainer.algorithms.ppo import response_logps
 
@@ -82,7 +82,7 @@ def test_exactly_on_policy_the_correction_is_taken_in_the_update_and_gives_the_s
     try:
         trainer = build_online_trainer(config, context)
         torch.manual_seed(0)
-        batch, scores = trainer.rollout(trainer.prompts.take(2))
+        batch, scores = trainer.collect(trainer.prompts.take(2))
         mask = batch["action_mask"].float()
         from trainer.algorithms.ppo import response_logps
 

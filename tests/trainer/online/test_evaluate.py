@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from trainer.__main__ import main
-from trainer.online.engines import HFGenerateEngine
+from trainer.rollout.engines import HFGenerateEngine
 from trainer.tiny.task import check_answer
 
 
@@ -107,10 +107,11 @@ class CountingEngine(HFGenerateEngine):
 
 
 def test_every_rank_generates_as_many_chunks_and_counts_only_its_own_rows(tiny_model, task_files):
-    from trainer.config import GenerationConfig, ModelConfig
+    from trainer.config import GenerationConfig, ModelConfig, RolloutConfig
     from trainer.modeling.models import load_causal_lm, load_tokenizer
     from trainer.online.evaluate import mean_score
-    from trainer.online.reward_sources import FunctionScorer, load_reward_function
+    from trainer.rewards.functions import FunctionScorer, load_reward_function
+    from trainer.rollout.single_turn import SingleTurnRollout
 
     model, tokenizer = load_causal_lm(ModelConfig(path=str(tiny_model))), load_tokenizer(str(tiny_model))
     rows = [json.loads(line) for line in task_files["eval_prompts"].read_text().splitlines()][:5]
@@ -120,8 +121,9 @@ def test_every_rank_generates_as_many_chunks_and_counts_only_its_own_rows(tiny_m
     results = []
     for rank in range(2):
         engine = CountingEngine(model)
-        means, rollouts = mean_score(engine, tokenizer, rows, generation, torch.device("cpu"), [scorer],
-                                     rank=rank, world_size=2, batch_size=2)
+        rollout = SingleTurnRollout(engine, tokenizer=tokenizer, generation=generation, device=torch.device("cpu"),
+                                    scorer=scorer, settings=RolloutConfig())
+        means, rollouts = mean_score(rollout, rows, rank=rank, world_size=2, batch_size=2)
         results.append((engine.calls, sum(len(r.prompts) for r in rollouts), means))
     assert [calls for calls, _, _ in results] == [2, 2]
     assert [counted for _, counted, _ in results] == [3, 2]  # the stand-in row is neither kept nor counted

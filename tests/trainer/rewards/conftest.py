@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.agents.sandbox.conftest import sandbox_service  # noqa: F401 (the sandbox service, for code_tests)
 from tests.trainer.rewards.servers import RewardServer, write_reward_model
+from tests.trainer.sandbox.conftest import sandbox_service  # noqa: F401 (the sandbox service, for code_tests)
 
 TOKEN = "s3cr3t-reward-token-0123456789"
 

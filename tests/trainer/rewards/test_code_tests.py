@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import make_config
-from tests.trainer.agents.sandbox.conftest import TOKEN
-from tests.trainer.agents.sandbox.kernel import skip_without_the_local_sandbox
+from tests.trainer.sandbox.conftest import TOKEN
+from tests.trainer.sandbox.kernel import skip_without_the_local_sandbox
 from trainer.errors import RewardError
 from trainer.rewards.code_tests import program_of
 from trainer.rewards.weighted import build_weighted_scorer, reward_metrics

@@ -13,7 +13,7 @@ from trainer.config.rewards import JudgeConfig, ServiceConfig
 from trainer.errors import RewardError
 from trainer.rewards.judge import JudgeScorer
 from trainer.rewards.remote import RemoteScorer
-from trainer.rewards.service_client import ServiceClient
+from trainer.rewards.service_client import ServiceClient, retry_policy
 
 PROMPTS, COMPLETIONS, ANSWERS = ["1+2=", "3+4="], ["3", "7"], ["3", "7"]
 GOOD = json_reply({"scores": [1.0, 0.5]})
@@ -77,10 +77,10 @@ def test_on_failure_zero_covers_every_transport_error_with_one_warning(kind, cap
 
 def test_the_default_retry_budget_rides_out_a_30_second_restart():
     defaults = ServiceConfig(url="http://rm:8000/score")
-    assert defaults.retry_waits() == [0.5, 1, 2, 4, 8, 10, 10, 10]  # doubled, capped at max_backoff_seconds
-    assert sum(defaults.retry_waits()) >= 30  # jitter only lengthens the waits
+    assert retry_policy(defaults).waits() == [0.5, 1, 2, 4, 8, 10, 10, 10]  # doubled, capped at max_backoff_seconds
+    assert sum(retry_policy(defaults).waits()) >= 30  # jitter only lengthens the waits
     capped = ServiceConfig(url="http://rm:8000/score", backoff_seconds=1, max_backoff_seconds=4, max_retries=5)
-    assert capped.retry_waits() == [1, 2, 4, 4, 4]
+    assert retry_policy(capped).waits() == [1, 2, 4, 4, 4]
 
 
 class LateService:
@@ -106,7 +106,7 @@ class LateService:
 ])
 def test_a_budget_longer_than_the_outage_rides_it_out(waits, rides_out):
     outage = 1.5
-    assert (sum(ServiceConfig(url="http://rm/", **waits).retry_waits()) > outage) is rides_out
+    assert (sum(retry_policy(ServiceConfig(url="http://rm/", **waits)).waits()) > outage) is rides_out
     service = LateService(outage)
     try:
         scorer = scorer_for(f"http://127.0.0.1:{service.port}/score", **waits)
@@ -124,7 +124,7 @@ def test_a_dead_service_fails_a_many_row_step_in_one_retry_budget():
     options = {"max_retries": 2, "backoff_seconds": 0.3, "max_concurrency": 4, "batch_size": 1}
     rows = 24  # one request each: 24 x 3 tries = 72 requests, six rounds of 0.9 s, if each request retried alone
     try:
-        with pytest.raises(RewardError, match=r"answered HTTP 503 \(after 3 tries"):
+        with pytest.raises(RewardError, match=r"answered HTTP 503 Service Unavailable: down \(after 3 tries"):
             scorer_for(service.url, **options).score(["1+1="] * rows, ["2"] * rows, ["2"] * rows)
     finally:
         service.stop()

@@ -55,7 +55,8 @@ def test_a_service_that_does_not_answer_http_is_one_line_naming_the_key(reply, r
         if service is not None:
             service.stop()
     message = str(error.value)
-    assert message.startswith(f"reward.sources.0.service.url: reward service rm ({url}) is unreachable: {reason}")
+    assert message.startswith(f"reward.sources.0.service.url: reward service rm ({url}) is unreachable or broke off: "
+                              f"{reason}")
     assert message.endswith("(after 2 tries over 0.0 s of waits); checked when the stage starts, before the model "
                             "loads")
     assert "\n" not in message
@@ -68,5 +69,5 @@ def test_building_the_stage_scorer_checks_each_service(tmp_path, tiny_model, tas
         {"kind": "judge", "service": {"url": dead, **FAST, "on_failure": "zero"}, "judge": {"model": "m"}},
     ]})
     with pytest.raises(RewardError, match=r"^reward.sources.1.service.url: reward service judge \(http://127.0.0.1:"
-                                          r"\d+/v1\) is unreachable: ConnectionRefusedError"):
+                                          r"\d+/v1\) is unreachable or broke off: ConnectionRefusedError"):
         build_weighted_scorer(config, torch.device("cpu"))  # on_failure zero covers outages later, not a dead start

@@ -1,7 +1,7 @@
 """`OnlineAlgorithm`: what an online algorithm declares to the loops that run it.
 
 One GRPO step then reads loop -> rollout -> algorithm -> update: the loop samples and scores a batch
-(`trainer.online.rollout`), fills in log-probs, asks the algorithm for its advantages and objectives,
+(`trainer.rollout`), fills in log-probs, asks the algorithm for its advantages and objectives,
 and takes the step (`trainer.algorithms.update.train_step`). What differs between PPO and GRPO is
 declared here once, per subclass:
 
@@ -25,7 +25,7 @@ from trainer.algorithms.ppo import AdaptiveKLController
 from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.algorithms.update import Objective
 from trainer.config import OnlineStageConfig
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 class OnlineAlgorithm(ABC):

@@ -31,7 +31,7 @@ from trainer.algorithms.online.base import OnlineAlgorithm
 from trainer.algorithms.ppo import AdaptiveKLController
 from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.config import GRPOConfig
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 from trainer.runtime import all_reduce_sum
 
 

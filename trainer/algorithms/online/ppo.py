@@ -22,7 +22,7 @@ from trainer.algorithms.ppo import (
 )
 from trainer.algorithms.rollout_correction import CorrectionInUpdate
 from trainer.config import PPOConfig
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 class PPOAlgorithm(OnlineAlgorithm):

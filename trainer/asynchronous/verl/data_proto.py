@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from trainer.online.batches import to_device
-from trainer.online.experience import Experience, concat_experiences
+from trainer.rollout.experience import Experience, concat_experiences
 
 
 @dataclass

@@ -40,8 +40,8 @@ from trainer.asynchronous.verl.data_proto import DataProto
 from trainer.config import OnlineStageConfig
 from trainer.errors import TrainingError
 from trainer.online.batches import micro_batches
-from trainer.online.experience import Experience
 from trainer.parallel.booster import Booster, Plugin
+from trainer.rollout.experience import Experience
 
 
 def _max_and_min_over_ranks(plugin: Plugin, value: int) -> tuple[int, int]:

@@ -58,8 +58,8 @@ from trainer.lifecycle.context import (
     resume_latest,
     seed_everything,
 )
-from trainer.online.experience import Experience
-from trainer.online.rollout import SAMPLES_KEPT
+from trainer.rollout.experience import Experience
+from trainer.rollout.interface import SAMPLES_KEPT
 from trainer.tracking.timing import PhaseTimer
 from trainer.tracking.tracker import Tracker
 

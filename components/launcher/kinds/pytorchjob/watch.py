@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 from components.launcher.kinds.interface import JobDeleted
 from components.launcher.kinds.pytorchjob.api import GROUP, PLURAL, VERSION
-from components.launcher.shared.retry import RetryPolicy, is_transient
+from components.launcher.shared.retry import RetryPolicy
+from trainer.http.transient import is_transient
 
 logger = logging.getLogger(__name__)
 

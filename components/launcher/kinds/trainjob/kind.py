@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 from components.launcher.kinds.interface import JobDeleted, JobFollower, JobKind
 from components.launcher.kinds.trainjob.api import GROUP, KIND, PLURAL, VERSION
 from components.launcher.kinds.trainjob.request import NODE, TrainJobRequest, build_trainjob_request
-from components.launcher.shared.retry import RetryPolicy, describe, is_transient
+from components.launcher.shared.retry import RetryPolicy
 from trainer.errors import LaunchError
+from trainer.http.transient import describe, is_transient
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

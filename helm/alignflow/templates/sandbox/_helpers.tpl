@@ -3,7 +3,7 @@
 {{- printf "%s-sandbox" (include "alignflow.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The sandbox image: `sandbox.image`, or else the trainer image (which holds trainer.agents.sandbox). */}}
+{{/* The sandbox image: `sandbox.image`, or else the trainer image (which holds trainer.sandbox). */}}
 {{- define "alignflow.sandboxImage" -}}
 {{- if .Values.sandbox.image.repository }}
 {{- printf "%s:%s" .Values.sandbox.image.repository (default "latest" .Values.sandbox.image.tag) }}

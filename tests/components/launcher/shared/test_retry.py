@@ -1,4 +1,5 @@
-"""One definition of a transient API failure, for the Kubernetes client and the KFP client alike."""
+"""The launcher's and the CLI's retries: the one definition of a transient failure (`trainer.http`) sorts the
+Kubernetes client's and the KFP client's errors alike, and the launcher's policy names its API and error."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import urllib3
 from kfp_server_api.exceptions import ApiException as KfpApiException
 from kubernetes.client.exceptions import ApiException as KubernetesApiException
 
-from components.launcher.shared.retry import ApiUnavailable, RetryPolicy, is_transient
+from components.launcher.shared.retry import ApiUnavailable, RetryPolicy
 from trainer.errors import PipelineError
+from trainer.http.transient import is_transient
 
 
 @pytest.mark.parametrize("client_error", [KubernetesApiException, KfpApiException])

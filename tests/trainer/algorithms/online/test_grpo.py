@@ -12,7 +12,7 @@ from trainer.algorithms.advantages import STD_EPS
 from trainer.algorithms.online.grpo import GRPOAlgorithm
 from trainer.algorithms.online.registry import online_algorithm
 from trainer.config import build_config
-from trainer.online.experience import Experience, concat_experiences
+from trainer.rollout.experience import Experience, concat_experiences
 
 # Two groups of two responses, each one prompt column and up to three response columns.
 ACTION_MASK = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]])  # lengths 2, 3, 1, 2

@@ -10,7 +10,7 @@ from trainer.algorithms.online.ppo import PPOAlgorithm, critic_metric_names
 from trainer.algorithms.online.registry import online_algorithm
 from trainer.algorithms.ppo import PPOActorObjective, PPOCriticObjective
 from trainer.config import build_config
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 def config(**ppo):

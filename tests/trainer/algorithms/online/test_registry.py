@@ -64,7 +64,10 @@ def test_no_file_outside_the_table_tests_a_stage_configs_class():
             relative = path.relative_to(ROOT)
             if relative == TABLE_FILE:
                 continue
-            offenders += [f"{relative}:{line}: {name}" for line, name in class_tests(path.read_text(), str(path))]
+            source = path.read_text()
+            if not any(name in source for name in STAGE_CONFIG_NAMES):  # most files: nothing to parse
+                continue
+            offenders += [f"{relative}:{line}: {name}" for line, name in class_tests(source, str(path))]
     assert not offenders, ("choose the algorithm with trainer.algorithms.online.registry.online_algorithm, "
                            "not by the config's class:\n" + "\n".join(offenders))
 

@@ -32,7 +32,7 @@ from trainer.config import build_config
 from trainer.errors import TrainingError
 from trainer.lifecycle.context import build_context
 from trainer.modeling.models import load_causal_lm
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 FULL_ON_EVERY_RANK = StateDictOptions(full_state_dict=True)  # no cpu_offload: every rank gets the full tensors
 

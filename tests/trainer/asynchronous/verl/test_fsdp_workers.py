@@ -12,7 +12,7 @@ from trainer.asynchronous.verl.fsdp_workers import ActorRolloutRefWorker, Critic
 from trainer.checkpointing.checkpoint import CheckpointManager
 from trainer.errors import ConfigError
 from trainer.lifecycle.context import build_context
-from trainer.online.experience import Experience
+from trainer.rollout.experience import Experience
 
 
 @pytest.fixture

@@ -1,0 +1,120 @@
+"""The schedules of a multi-turn rollout's turns (`environment.schedule`), on the tiny model with the `hf` engine."""
+
+import string
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.trainer.agents.environments import ConcurrencyGauge, Latch
+from trainer.config import GenerationConfig, RolloutConfig
+from trainer.config.environment import EnvironmentConfig
+from trainer.errors import ConfigError
+from trainer.modeling.models import load_tokenizer
+from trainer.rewards.functions import FunctionScorer, load_reward_function
+from trainer.rollout.engines import HFGenerateEngine
+from trainer.rollout.multi_turn import Agent, EpisodeError, MultiTurnRollout, concurrent_steps
+
+ENVIRONMENTS = ("scripted=tests.trainer.agents.environments:ScriptedEnvironment,"
+                "one_at_a_time=tests.trainer.agents.environments:OneStepAtATimeEnvironment")
+# Greedy, so that both schedules must give the same episodes; most printable characters stop a turn, so the random
+# model's turns end after a few tokens, as tool calls would.
+GREEDY = GenerationConfig(max_new_tokens=8, temperature=0.0, stop=list(string.ascii_letters + string.digits))
+
+
+class RecordingEngine(HFGenerateEngine):
+    """The `hf` engine, recording each generate call's (start, end) monotonic time and rows."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls = []
+
+    def generate(self, prompt_ids, prompt_mask, options, **kwargs):
+        start = time.monotonic()
+        out = super().generate(prompt_ids, prompt_mask, options, **kwargs)
+        self.calls.append((start, time.monotonic(), prompt_ids.shape[0]))
+        return out
+
+
+@pytest.fixture
+def setup(tiny_model, monkeypatch):
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ENVIRONMENTS)
+    tokenizer = load_tokenizer(str(tiny_model))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    return tokenizer, (lambda: RecordingEngine(model)), FunctionScorer(load_reward_function("tiny_calculator"))
+
+
+def rows(count, **columns):
+    """Prompt rows `n*3=`, n = 1..count, each with `columns` (a list gives one value per row)."""
+    return [{"prompt": [{"role": "user", "content": f"{n}*3="}], "answer": str(n),
+             **{key: value[n - 1] if isinstance(value, list) else value for key, value in columns.items()}}
+            for n in range(1, count + 1)]
+
+
+def run(setup, schedule, prompt_rows, name="scripted", generation=GREEDY, **limits):
+    tokenizer, build_engine, scorer = setup
+    engine = build_engine()
+    torch.manual_seed(0)
+    agent = Agent(EnvironmentConfig(name=name, schedule=schedule, **{"max_turns": 8, **limits}), tokenizer)
+    rollout = MultiTurnRollout(engine, agent=agent, tokenizer=tokenizer, generation=generation, device=torch.device("cpu"),
+                               scorer=scorer, settings=RolloutConfig())
+    return rollout.collect(prompt_rows), engine.calls
+
+
+def test_as_ready_gives_lockstep_episodes_under_greedy_decoding(setup):
+    turns = [3, 1, 4, 2, 1, 3]
+    # Row 1's tools are slow and row 3's fast, so episodes finish out of row order and share calls differently.
+    sleeps = [[0.12] * 4, [0.0] * 4, [0.0] * 4, [0.04] * 4, [0.08] * 4, [0.0] * 4]
+    lockstep, lockstep_calls = run(setup, "lockstep", rows(6, turns=turns, sleeps=sleeps))
+    as_ready, as_ready_calls = run(setup, "as_ready", rows(6, turns=turns, sleeps=sleeps))
+    assert [rows for *_, rows in as_ready_calls] != [rows for *_, rows in lockstep_calls]  # other batches
+    assert lockstep.batch.keys() == as_ready.batch.keys()
+    for key, tensor in lockstep.batch.items():  # prompts left-padded, action mask on model tokens, row order
+        assert torch.equal(tensor, as_ready.batch[key]), key
+    assert torch.equal(lockstep.scores, as_ready.scores)
+    assert lockstep.trajectories == as_ready.trajectories and lockstep.prompts == as_ready.prompts
+    assert as_ready.prompts == [str(row["prompt"]) for row in rows(6)]
+    finished = as_ready.batch["truncated"] == 0
+    assert finished.any()  # else the scripted turn counts were never reached and nothing here is tested
+    model_turns = [t.count("⟦") + 1 for t in as_ready.trajectories]
+    assert [n for n, done in zip(model_turns, finished) if done] == [n for n, done in zip(turns, finished) if done]
+
+
+def test_a_slow_tool_does_not_hold_the_other_episodes(setup):
+    # Row 1's first step waits until every other episode has ended, which only a schedule that samples the others'
+    # turns while that step runs lets happen: the overlap is proved by the order of events, not by a time bound.
+    others = 4
+    prompt_rows = rows(1 + others, turns=[1] + [3] * others, waits_for_others=[True] + [False] * others,
+                       latch=Latch(others))
+    rollout, calls = run(setup, "as_ready", prompt_rows, max_concurrent_episodes=1 + others)
+    slow = prompt_rows[0]
+    assert slow["released"]
+    (slow_start, slow_end), = slow["steps"]
+    during_slow_step = [call for call in calls if slow_start < call[0] and call[1] < slow_end]
+    assert len(during_slow_step) >= 2  # the others' second and third turns at least
+    assert rollout.batch["truncated"].tolist() == [0.0] * (1 + others)
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "as_ready"])
+def test_environment_steps_stay_within_the_concurrency_bound(setup, schedule):
+    gauge = ConcurrencyGauge()
+    run(setup, schedule, rows(6, turns=2, sleeps=[[0.05, 0.05]] * 6, gauge=gauge), max_concurrent_episodes=2)
+    assert gauge.peak == 2
+    gauge = ConcurrencyGauge()
+    run(setup, schedule, rows(4, sleeps=[[0.02]] * 4, gauge=gauge), name="one_at_a_time", max_concurrent_episodes=4)
+    assert gauge.peak == 1  # the environment's own `max_concurrent_steps`
+
+
+def test_an_environment_error_names_its_row_under_as_ready(setup):
+    with pytest.raises(EpisodeError, match=r"environment 'scripted' raised RuntimeError: scripted failure at turn 2 "
+                                           r"on the row with prompt .*3\*3="):
+        run(setup, "as_ready", rows(5, turns=3, fails_at_turn=[None, None, 2, None, None]))
+
+
+def test_an_environment_own_concurrency_limit_must_be_positive():
+    class Unlimited:
+        max_concurrent_steps = 0
+
+    with pytest.raises(ConfigError, match="sets max_concurrent_steps = 0, expected a positive integer"):
+        concurrent_steps(EnvironmentConfig(name="scripted"), Unlimited)

@@ -1,0 +1,287 @@
+"""Multi-turn rollouts: episodes in environments, one token sequence per episode.
+
+`MultiTurnRollout.collect` returns the same `ScoredRollout` as a single-turn rollout, so every online
+estimator (GRPO's, RLOO, REINFORCE++, PPO's critic) and the evaluation consume episodes unchanged.
+Per turn of an episode:
+
+1. the episode is sampled in one generate call with the others due a turn then: each one's whole
+   sequence so far (prompt, model turns, observations) is a token-id prompt for
+   `RolloutEngine.generate`, so any engine (`hf`, `vllm`) runs the same loop;
+2. the turn keeps the ids the engine sampled, up to and including its first stop token (a turn
+   without one ran out of `generation.max_new_tokens` or of the episode's token budget: truncated);
+3. its environment answers (`Environment.step`) on a bounded thread pool, concurrently with other
+   episodes' environments;
+4. the observation is tokenized on its own (`trainer.data.tool_calls.ObservationEncoder`) and
+   appended with action mask 0, unless the episode is done or cut by `max_turns`/`max_total_tokens`.
+
+The environment's side (its class, its tools, the observation encoder, the limits) is an `Agent`,
+built before any model loads (`trainer.rollout.builder.build_agent`: a code tool proves its sandbox
+then); the engine's side (sampling turns, the batch) is `MultiTurnRollout`. Which episodes share a
+generate call, and when the environments answer, is the schedule (`environment.schedule`,
+`trainer.rollout.turn_scheduler`): all running episodes turn by turn (`lockstep`), or each episode as
+soon as its observation is ready (`as_ready`).
+
+The batch is laid out as a single-turn one: the prompt left-padded, everything after it
+right-padded, `action_mask` 1 on the model's sampled tokens only; `truncated` marks episodes cut
+by a limit (so `grpo.mask_truncated_completions` applies). With `hf`, each episode carries its KV
+cache from turn to turn (`trainer.rollout.episode_cache`, where `carries_kv` says it is exact): a turn
+runs only the tokens the model has not yet seen, instead of re-reading the whole episode; `vllm`'s
+prefix cache holds the history itself (benchmarks/turn_cost.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from trainer.agents.environment import Environment, Observation
+from trainer.agents.tools import ToolBox, as_tool, check_requirements
+from trainer.allow_list import ENVIRONMENTS, TOOLS, resolve
+from trainer.config import GenerationConfig, RolloutConfig
+from trainer.config.environment import EnvironmentConfig
+from trainer.data.tokenize import encode_prompt
+from trainer.data.tool_calls import ObservationEncoder, supports_tools
+from trainer.errors import AlignflowError, ConfigError
+from trainer.rollout.engines import RolloutEngine
+from trainer.rollout.episode_cache import EpisodeCache, carries_kv, sample_next_turns
+from trainer.rollout.interface import Rollout, ScoredRollout
+from trainer.rollout.scoring import Scorer
+from trainer.rollout.single_turn import left_pad, positions_from_mask, stop_token_ids
+from trainer.rollout.turn_scheduler import EpisodeActions, run_episodes
+from trainer.tracking.timing import PhaseTimer
+
+
+class EpisodeError(AlignflowError):
+    """An environment (not a tool: those become observations) raised while answering a turn."""
+
+
+@dataclass(slots=True)
+class Episode:
+    """One episode's sequence and counts as it grows."""
+
+    row: dict
+    environment: Environment
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)  # everything after the prompt
+    action: list[int] = field(default_factory=list)  # 1 on the model's sampled tokens
+    logps: list[float] = field(default_factory=list)  # the engine's log-probs (0 off the action mask)
+    segments: list[tuple[str, bool]] = field(default_factory=list)  # (text, is_model) for reports
+    last_turn: str = ""
+    reward: float = 0.0
+    num_turns: int = 0
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    tool_seconds: float = 0.0
+    done: bool = False
+    truncated: bool = False
+    # With `hf`: the keys and values of the first `cache.num_tokens` tokens of prompt_ids + ids (every token but
+    # those fed next turn); None before the first turn and once the episode ends (its memory freed then).
+    cache: EpisodeCache | None = None
+
+    def extend(self, ids: list[int], is_model: bool, logps: list[float] | None = None) -> None:
+        self.ids += ids
+        self.action += [int(is_model)] * len(ids)
+        self.logps += logps if logps is not None else [0.0] * len(ids)
+
+    def end(self, truncated: bool = False) -> None:
+        self.done, self.truncated, self.cache = True, truncated, None
+
+    def unfed_ids(self) -> list[int]:
+        """The tokens its carried cache does not hold yet (all of them before the first turn)."""
+        fed = self.cache.num_tokens if self.cache is not None else 0
+        return (self.prompt_ids + self.ids)[fed:]
+
+
+class Agent:
+    """The environment `config.name` with the tools it allows: starts episodes and answers their turns.
+
+    Args:
+        config: The `environment` section.
+        tokenizer: Encodes prompts and observations, decodes model turns.
+    """
+
+    def __init__(self, config: EnvironmentConfig, tokenizer: Any) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.environment_class = resolve(ENVIRONMENTS, config.name)  # refused before import if not allowed
+        names = config.tools or list(getattr(self.environment_class, "default_tools", ()))
+        tools = [as_tool(resolve(TOOLS, name), name) for name in names]
+        for tool in tools:
+            check_requirements(tool)
+        self.toolbox = ToolBox(tools, config.tool_timeout_seconds, config.max_tool_output_chars)
+        self.observations = ObservationEncoder(tokenizer)
+        self.max_concurrent_steps = concurrent_steps(config, self.environment_class)
+
+    def start(self, row: dict) -> Episode:
+        """A new episode of `row`: its environment started, its prompt encoded (with the tools' schemas where the
+        chat template takes them)."""
+        environment = self.environment_class(self.toolbox)
+        environment.start(row)
+        if supports_tools(self.tokenizer) and self.toolbox.tools and not isinstance(row["prompt"], str):
+            prompt_ids = self.tokenizer.apply_chat_template(row["prompt"], tools=self.toolbox.schemas(),
+                                                            add_generation_prompt=True, tokenize=True)
+        else:
+            prompt_ids = row["prompt_ids"] if "prompt_ids" in row else encode_prompt(self.tokenizer, row["prompt"])
+        return Episode(row, environment, list(prompt_ids))
+
+    def step(self, episode: Episode) -> Observation:
+        """The environment's answer to the episode's last turn (on a pool thread); EpisodeError if it raised."""
+        try:
+            return episode.environment.step(episode.last_turn)
+        except Exception as err:
+            raise EpisodeError(f"environment {self.config.name!r} raised {type(err).__name__}: {err} on the "
+                                    f"row with prompt {str(episode.row.get('prompt'))[:60]!r}") from err
+
+    def append_observation(self, episode: Episode, observation: Observation) -> None:
+        """Count the observation and append its tokens, or end the episode (done, or cut by a limit)."""
+        episode.reward += observation.reward
+        episode.tool_seconds += observation.tool_seconds
+        episode.num_tool_calls += observation.num_tool_calls
+        episode.num_tool_errors += observation.num_tool_errors
+        if observation.done:
+            episode.end()
+            return
+        if episode.num_turns >= self.config.max_turns:
+            episode.end(truncated=True)
+            return
+        stop_text = self.tokenizer.decode(episode.ids[-1:])
+        ids = self.observations.ids(observation.messages, stop_text)
+        if len(episode.ids) + len(ids) >= self.config.max_total_tokens:  # no room left for a model token
+            episode.end(truncated=True)
+            return
+        episode.extend(ids, False)
+        episode.segments.append((self.tokenizer.decode(ids), False))
+
+
+
+class MultiTurnRollout(Rollout):
+    """One episode of `agent`'s environment per row, run to its end and scored (see the module docstring).
+
+    Args:
+        engine, tokenizer, generation, device, scorer, settings: As in `Rollout`.
+        agent: The environment and tools the episodes run in.
+
+    The episode's last turn is what `scorer` scores; the environment's own rewards are added to it.
+    `collect`'s timer also gets the environments' time as phase `environment`.
+    """
+
+    def __init__(self, engine: RolloutEngine, *, agent: Agent, tokenizer: Any, generation: GenerationConfig,
+                 device: torch.device, scorer: Scorer, settings: RolloutConfig) -> None:
+        super().__init__(engine, tokenizer=tokenizer, generation=generation, device=device, scorer=scorer,
+                         settings=settings)
+        self.agent = agent
+
+    @torch.no_grad()
+    def collect(self, rows: list[dict], timer: PhaseTimer | None = None) -> ScoredRollout:
+        agent = self.agent
+        stops = stop_token_ids(self.tokenizer, self.generation)
+        episodes = [agent.start(row) for row in rows]
+        phases = PhaseTimer()  # this rollout's own, for its `agent/*` metrics
+        actions = EpisodeActions(partial(self.sample_turns, stops=stops), agent.step, agent.append_observation)
+        run_episodes(agent.config.schedule, episodes, actions, max_concurrent_steps=agent.max_concurrent_steps,
+                     phases=phases)
+        batch, engine_logps = self.to_batch(episodes)
+        prompts = [str(e.row["prompt"]) for e in episodes]
+        finals = [e.last_turn for e in episodes]
+        with phases.phase("score"):
+            scores = self.scorer(batch, prompts, finals, [e.row.get("answer") for e in episodes])
+        scores = scores + torch.tensor([e.reward for e in episodes], dtype=scores.dtype, device=scores.device)
+        trajectories = [render_trajectory(e.segments) for e in episodes]
+        if timer is not None:
+            timer.add(phases)
+        timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
+                   "tools": sum(e.tool_seconds for e in episodes)}
+        return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=episode_metrics(episodes, timings),
+                             trajectories=trajectories,
+                             tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes])
+
+    def sample_turns(self, active: list[Episode], *, stops: list[int]) -> None:
+        """One model turn for every active episode, in one generate call."""
+        options, pad = self.generation, self.tokenizer.pad_token_id
+        budgets = [min(options.max_new_tokens, self.agent.config.max_total_tokens - len(e.ids)) for e in active]
+        carried = carries_kv(self.engine)
+        if carried:  # the plain hf engine: each episode runs only what its cache lacks
+            turns = sample_next_turns(self.engine, [e.cache for e in active], [e.unfed_ids() for e in active],
+                                      options, stop_token_ids=stops, pad_token_id=pad, budgets=budgets)
+            for episode, cache in zip(active, turns.caches):
+                episode.cache = cache
+            sampled = turns.sampled
+        else:  # vllm (its prefix cache holds the history), or an engine whose generate is replaced
+            prompt_ids, prompt_mask = left_pad([e.prompt_ids + e.ids for e in active], pad)
+            sampled = self.engine.generate(prompt_ids.to(self.device), prompt_mask.to(self.device),
+                                           options.model_copy(update={"max_new_tokens": max(budgets)}),
+                                           stop_token_ids=stops, pad_token_id=pad)
+        for row, (episode, budget) in enumerate(zip(active, budgets)):
+            ids = sampled.ids[row, :budget].tolist()
+            ends = [i for i, token in enumerate(ids) if token in stops]
+            turn = ids[:ends[0] + 1] if ends else ids
+            # The carried turns' log-probs are dropped, as the re-reading hf engine returns none: the loop's own
+            # forward gives the behaviour log-probs either way, so both paths train on the same numbers.
+            logps = sampled.logps[row, :len(turn)].float().tolist() if sampled.logps is not None and not carried \
+                else None
+            episode.extend(turn, True, logps)
+            episode.num_turns += 1
+            episode.last_turn = self.tokenizer.decode(turn, skip_special_tokens=True)
+            episode.segments.append((self.tokenizer.decode(turn), True))
+            if not ends:  # ran out of tokens before its stop token
+                episode.end(truncated=True)
+
+    def to_batch(self, episodes: list[Episode]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The (B, P + R) batch as `single_turn.sample` lays it out: prompts left-padded, the rest right-padded."""
+        pad, device = self.tokenizer.pad_token_id, self.device
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad)
+        width = max(len(e.ids) for e in episodes)
+        rest = torch.tensor([e.ids + [pad] * (width - len(e.ids)) for e in episodes])  # (B, R)
+        rest_mask = torch.tensor([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in episodes])
+        action = torch.tensor([e.action + [0] * (width - len(e.ids)) for e in episodes])
+        attention_mask = torch.cat([prompt_mask, rest_mask], dim=1)
+        batch = {"input_ids": torch.cat([prompt_ids, rest], dim=1).to(device),
+                 "attention_mask": attention_mask.to(device),
+                 "action_mask": torch.cat([torch.zeros_like(prompt_mask), action], dim=1).to(device),
+                 "position_ids": positions_from_mask(attention_mask).to(device),
+                 "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device)}
+        if not any(e.logps and any(e.logps) for e in episodes):
+            return batch, None
+        logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
+        return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+def concurrent_steps(config: EnvironmentConfig, environment_class: type[Environment]) -> int:
+    """Environment steps that may run at once: `environment.max_concurrent_episodes`, or fewer where the
+    environment class sets its own `max_concurrent_steps`.
+
+    Raises:
+        ConfigError: The class's `max_concurrent_steps` is not a positive integer.
+    """
+    own = environment_class.max_concurrent_steps
+    if own is None:
+        return config.max_concurrent_episodes
+    if isinstance(own, bool) or not isinstance(own, int) or own < 1:
+        raise ConfigError(f"environment.name: {config.name!r} sets max_concurrent_steps = {own!r}, expected a "
+                          "positive integer or None")
+    return min(config.max_concurrent_episodes, own)
+
+
+def episode_metrics(episodes: list[Episode], timings: dict[str, float]) -> dict[str, float]:
+    """The `agent/*` metrics of one rollout (docs/agents.md)."""
+    count = max(len(episodes), 1)
+    calls = sum(e.num_tool_calls for e in episodes)
+    errors = sum(e.num_tool_errors for e in episodes)
+    busy = timings["generate"] + timings["environment"]
+    return {"agent/turns_per_episode": sum(e.num_turns for e in episodes) / count,
+            "agent/tool_calls_per_episode": calls / count,
+            "agent/tool_error_rate": errors / calls if calls else 0.0,
+            "agent/valid_tool_call_fraction": (calls - errors) / calls if calls else 0.0,
+            "agent/truncated_fraction": sum(e.truncated for e in episodes) / count,
+            "agent/generate_seconds": timings["generate"], "agent/tool_seconds": timings["tools"],
+            "agent/environment_seconds": timings["environment"],
+            "agent/tool_time_share": timings["environment"] / busy if busy else 0.0,
+            "agent/generated_tokens": float(sum(sum(e.action) for e in episodes))}
+
+
+def render_trajectory(segments: list[tuple[str, bool]]) -> str:
+    """An episode for reports: model text as written, observations inside `⟦...⟧` (never trained on)."""
+    return " ".join(text if is_model else f"⟦{text}⟧" for text, is_model in segments)

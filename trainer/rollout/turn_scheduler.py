@@ -1,0 +1,128 @@
+"""When an agent rollout's episodes take their turns: the schedules of `environment.schedule`.
+
+A schedule decides which episodes each generate call samples and when the environments answer; it
+never looks inside a turn. `trainer.rollout.multi_turn` owns the rest (what a model turn keeps, the
+limits, what an observation appends, the batch) and hands it over as `EpisodeActions`.
+
+- `lockstep` (the default): every running episode's turn in one generate call, then every
+  environment answers, and the next call waits for the slowest of them. Each generate call's rows
+  are fixed by the rows alone, so sampling draws the same random numbers on every run (resume is
+  bit-identical), but the engine idles while the slowest tool runs.
+- `as_ready`: an episode asks for its next turn as soon as its observation is ready. The loop
+  samples every episode that is ready in one generate call (the engine batches whatever is
+  ready), hands each sampled turn's `step` to the thread pool at once, so tools run while the next
+  call samples, and waits for the first environment to finish only when no episode is ready. Which
+  episodes share a call depends on when tools finish, so with temperature sampling the random draws,
+  and so the episodes, differ from run to run; greedy decoding with deterministic environments
+  gives lockstep's episodes.
+
+Both run environment steps on one bounded thread pool and only there; the model's turns, the
+observations' tokens and the episode bookkeeping stay on the calling thread. Per-episode state an
+engine might carry between turns (a KV cache) belongs on the episode, which both schedules pass
+whole to `sample_turns`; nothing here would change for it. Left out: starting the update before
+every episode ended (over-sampling), and carrying episodes across weight versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from trainer.tracking.timing import PhaseTimer
+
+if TYPE_CHECKING:
+    from trainer.agents.environment import Observation
+
+
+class Episode(Protocol):
+    """All a schedule reads of an episode (`trainer.rollout.multi_turn.Episode`): whether it has ended."""
+
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeActions:
+    """What a schedule may do to episodes.
+
+    Attributes:
+        sample_turns: One model turn for each episode given, in one generate call; may end an episode
+            (a turn cut by its token budget). Called on the scheduling thread.
+        step: The episode's environment answers its last turn; runs on a pool thread and raises
+            `EpisodeError` for an environment that failed.
+        append_observation: Counts the answer and appends its tokens, or ends the episode. Called on the
+            scheduling thread.
+    """
+
+    sample_turns: Callable[[list[Episode]], None]
+    step: Callable[[Episode], Observation]
+    append_observation: Callable[[Episode, Observation], None]
+
+
+def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
+                    phases: PhaseTimer) -> None:
+    """Turn by turn: all running episodes sampled together, then all their environments, in row order."""
+    while running := [e for e in episodes if not e.done]:
+        with phases.phase("generate"):
+            actions.sample_turns(running)
+        stepping = [e for e in running if not e.done]
+        with phases.phase("environment"):
+            answers = list(pool.map(actions.step, stepping))
+        for episode, observation in zip(stepping, answers):
+            actions.append_observation(episode, observation)
+
+
+def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
+                 phases: PhaseTimer) -> None:
+    """Each episode's next turn as soon as its observation is ready (the module docstring).
+
+    Phase `environment` is the time the loop waited for an environment with no episode to sample, so
+    `generate` plus `environment` is the engine's busy plus idle time, as under lockstep.
+    """
+    position = {id(episode): row for row, episode in enumerate(episodes)}
+    ready = [e for e in episodes if not e.done]
+    stepping: dict[Future, Episode] = {}
+    try:
+        while ready or stepping:
+            if ready:
+                ready.sort(key=lambda e: position[id(e)])  # the same readiness gives the same generate call
+                with phases.phase("generate"):
+                    actions.sample_turns(ready)
+                stepping.update((pool.submit(actions.step, e), e) for e in ready if not e.done)
+                ready = []
+            if not stepping:
+                continue
+            with phases.phase("environment"):  # every step that finished during the call, or else the first to finish
+                finished, _ = wait(stepping, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
+                episode = stepping.pop(future)
+                actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
+                if not episode.done:
+                    ready.append(episode)
+    finally:
+        for future in stepping:  # after an error: steps not started yet never start
+            future.cancel()
+
+
+SCHEDULES: dict[str, Callable[[list[Episode], EpisodeActions, ThreadPoolExecutor, PhaseTimer], None]] = {
+    "lockstep": run_in_lockstep, "as_ready": run_as_ready}
+"""The schedule of each `environment.schedule` value."""
+
+
+def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions, *, max_concurrent_steps: int,
+                 phases: PhaseTimer) -> None:
+    """Run every episode to its end under `schedule`, at most `max_concurrent_steps` environment steps at once.
+
+    Args:
+        schedule: `lockstep` or `as_ready` (`environment.schedule`).
+        episodes: Started episodes, in row order; each ends with `done` set.
+        actions: What a turn and an answer do (`trainer.rollout.multi_turn`).
+        max_concurrent_steps: Threads of the pool that runs environment steps (and so their tool calls).
+        phases: Gets the time spent sampling (`generate`) and waiting for environments (`environment`).
+
+    Raises:
+        EpisodeError: An environment raised; steps not started yet are dropped.
+    """
+    with ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment") as pool:
+        SCHEDULES[schedule](episodes, actions, pool, phases)
