@@ -98,7 +98,7 @@ def shared_prompt_logits(model: nn.Module, batch: dict[str, Tensor], start: int)
     prompt_logits, cache_name, cache, group = shared
     responses = model(input_ids=input_ids[:, split:], attention_mask=attention_mask,
                       position_ids=positions[:, split:], use_cache=True, **{cache_name: cache})
-    # index_select, not indexing: its backward (index_add) is several times cheaper on CPU than indexing's
+    # index_select, not indexing: its backward (a scatter-add) is several times cheaper on CPU than indexing's
     # (index_put with accumulation), and it sums each row's gradient into its prompt the same way.
     return torch.cat([prompt_logits.index_select(0, group), responses.logits], dim=1)  # (B, 1 + T - split, V)
 
