@@ -7,7 +7,7 @@
     python benchmarks/tiny_preset.py --preset tiny tiny-reward-hacking --pipelines rlhf-ppo --variants native avx2
 
 Each pipeline runs as its stages would run in `alignflow run --preset ...`: the same component
-defaults, the same parameter-to-config mapping (`components.launcher.component_io.stage_config`)
+defaults, the same parameter-to-config mapping (`components.stage_io.stage_config`)
 and the same evaluation (`trainer.online.evaluate.run_evaluation`: greedy answers of the candidate
 and of the SFT baseline on the held-out prompts, scored by the task's checker), but in this
 process, without kfp.local, torchrun or MLflow, which makes a run several times faster. Only
@@ -98,7 +98,7 @@ def component_defaults(stage: str) -> dict[str, Any]:
 def stage_config_for(stage: str, arguments: dict[str, Any], artifacts: dict[str, str], seed: int,
                      output_dir: Path) -> dict:
     """The stage config the pipeline's component would write, with `train.seed` and no tracking."""
-    from components.launcher.component_io import stage_config
+    from components.stage_io import stage_config
 
     params = component_defaults(stage)
     params.update({component: arguments[name] for name, component in STAGE_PARAMETERS[stage].items()

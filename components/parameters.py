@@ -10,7 +10,7 @@ A parameter's description comes from, first match wins:
 
 - the component's own `Args:` entry (what only it takes, or what means something else there, such as
   `evaluate_model`'s `job_root`);
-- the stage config field the parameter sets (`component_io`'s key tables: `lr` -> `optimizer.lr`), so the
+- the stage config field the parameter sets (`stage_io`'s key tables: `lr` -> `optimizer.lr`), so the
   UI says what the config says;
 - `SHARED`: the run, the outputs every training stage publishes, and the job's cluster parameters.
 
@@ -53,7 +53,7 @@ ENTRY = re.compile(r"^    (\w+)\s*(\(.*\))?:")
 
 def config_description(stage: str, parameter: str) -> str | None:
     """The description of the stage config field that a training component's `parameter` sets, if it sets one."""
-    from components.launcher.component_io import COMMON_KEYS, STAGE_KEYS
+    from components.stage_io import COMMON_KEYS, STAGE_KEYS
     from trainer.config import STAGE_CONFIGS
 
     dotted = {**COMMON_KEYS, **STAGE_KEYS.get(stage, {})}.get(parameter)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from components.evaluate.mlflow_side import Champion, current_champion, log_evaluation
-from components.launcher.component_io import cluster_options, default_job_root
+from components.stage_io import cluster_options, default_job_root
 from components.launcher.stage_job import run_stage_job
 from components.reports.stage import table_cell
 from trainer.errors import PipelineError

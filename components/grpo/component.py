@@ -27,6 +27,6 @@ def train_grpo(
         eval_dataset: Held-out prompt rows (the mean reward before and after is reported).
         model: The GRPO-trained policy.
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("grpo", locals())

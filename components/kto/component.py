@@ -26,6 +26,6 @@ def train_kto(
         eval_dataset: Held-out unpaired rows.
         model: The aligned HF model.
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("kto", locals())

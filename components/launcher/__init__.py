@@ -2,8 +2,8 @@
 
 The rooms, by concern:
 
-- `stage_job.py`, `component_io.py`: what a stage component calls (KFP inputs -> stage config and
-  cluster options -> one job -> final metrics);
+- `stage_job.py`: what a stage component calls (`components/stage_io.py`, above this package: KFP inputs
+  -> stage config and cluster options) to run one job to its final metrics;
 - `settings/`: the pod/platform options, declared once, and where their values come from (the
   platform's environment, a run's `scheduling` parameter);
 - `pod/`: the spec of a stage's job, whatever its kind, the pod every replica runs, and its checks;

@@ -26,6 +26,6 @@ def train_orpo(
         eval_dataset: Held-out preference rows.
         model: The aligned HF model.
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("orpo", locals())

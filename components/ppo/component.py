@@ -29,6 +29,6 @@ def train_ppo(
         model: The PPO-trained policy.
         reward_function: Registered reward function name to score with instead of the reward model.
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("ppo", locals())

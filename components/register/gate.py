@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from components.evaluate.job import read_gate
-from components.launcher.component_io import default_job_root
+from components.stage_io import default_job_root
 from components.register.registry import register_candidate
 from components.reports.comparison import comparison_html
 from components.reports.curves import read_jsonl

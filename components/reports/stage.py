@@ -1,7 +1,7 @@
 """The Markdown report of one stage for the KFP UI: final metrics, curves, samples, the MLflow run, the config.
 
 It reads what the stage's job left under its `job_root` (`metrics.jsonl`, `samples.jsonl`,
-`mlflow_run.json`); the launcher (`components/launcher/component_io.py`) writes it to the
+`mlflow_run.json`); the launcher (`components/stage_io.py`) writes it to the
 component's `report` output.
 """
 

@@ -25,6 +25,6 @@ def train_reward_model(
         eval_dataset: Held-out preference rows (pair accuracy and margin are reported).
         model: The reward model (HF backbone plus value_head.safetensors).
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("rm", locals())

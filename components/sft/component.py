@@ -26,6 +26,6 @@ def train_sft(
         model: The fine-tuned HF model.
         base_model_uri: The HF model to start from (local, s3:// or minio://), read in place by the job.
     """
-    from components.launcher.component_io import run_training_component
+    from components.stage_io import run_training_component
 
     run_training_component("sft", locals())

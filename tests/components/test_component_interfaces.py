@@ -1,6 +1,6 @@
 """Every training component's parameters map onto real fields of its stage config.
 
-A parameter that names a config field (through `component_io`'s key tables) must exist there, have
+A parameter that names a config field (through `stage_io`'s key tables) must exist there, have
 the field's type and description, and have a default the config accepts. (Defaults may differ on
 purpose: DPO's learning rate is far below SFT's.)
 """
@@ -11,7 +11,7 @@ import typing
 
 import pytest
 
-from components.launcher.component_io import COMMON_KEYS, STAGE_KEYS
+from components.stage_io import COMMON_KEYS, STAGE_KEYS
 from trainer.config import STAGE_CONFIGS, Section
 
 

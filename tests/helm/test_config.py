@@ -124,7 +124,7 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
 
 def test_scheduling_values_become_the_keys_the_launcher_reads():
     """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/settings/test_scheduling.py)."""
-    from components.launcher.component_io import cluster_options
+    from components.stage_io import cluster_options
     from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
     from components.launcher.stage_job import stage_spec
 
@@ -148,7 +148,7 @@ def test_scheduling_values_become_the_keys_the_launcher_reads():
 
 
 def test_the_charts_default_scheduling_keys_leave_the_launchers_defaults():
-    from components.launcher.component_io import cluster_options
+    from components.stage_io import cluster_options
 
     cluster = cluster_options({"launcher_mode": "kubernetes", "trainer_image": "", "num_nodes": 1,
                                "gpus_per_node": 1, "s3_secret": ""}, config({}))

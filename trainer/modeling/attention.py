@@ -55,6 +55,9 @@ def varlen_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
     if boundaries is None and positions is None:  # each row is one sequence (sdpa's mask-free call would drop windows)
         boundaries = torch.arange(0, batch * length + 1, length, device=query.device)
     elif boundaries is None:
+        # transformers makes one (1, T) row of positions for a batch it was given none for: it holds for every row.
+        # Read as is, its single start would join the B rows into one sequence, each row attending to those above.
+        positions = positions.expand(batch, length) if positions.shape[0] == 1 else positions
         starts = (positions.reshape(-1) == 0).nonzero().squeeze(1)  # where each sequence begins in B * T tokens
         boundaries = torch.cat([starts, starts.new_tensor([batch * length])])
     flat = lambda states: states.transpose(0, 1).reshape(1, states.shape[1], batch * length, dim)  # noqa: E731

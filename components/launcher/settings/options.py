@@ -8,7 +8,7 @@ as environment), who may set it for one run, and where it lands in the pod. Ever
 - the fields of `ClusterOptions` (stage_job.py) and of `JobSpec` (pod/spec.py), with their types and defaults;
 - the platform's defaults read from the environment (`settings/platform.py`);
 - which component parameters and which keys of a run's `scheduling` parameter may set an option,
-  and how each value is checked (`settings/scheduling.py`, `component_io.cluster_options`);
+  and how each value is checked (`settings/scheduling.py`, `stage_io.cluster_options`);
 - the pass-through fields of the pods (`pod/template.py`, the TrainJob's runtime patch);
 - the ConfigMap keys every pipeline task gets (`pipelines/options.py`).
 
@@ -18,7 +18,7 @@ reaching all of them); only the chart's values (helm/alignflow) need the new key
 Two defaults used to disagree, and are settled here:
 - `nproc_per_node` is 1, not `auto`: torchrun's `auto` starts one process per CPU core on a node
   without GPUs, which is never what a pod with a CPU request wants; the components set it to one
-  per GPU (`component_io.cluster_options`), so `auto` stays a value one can ask for, not a default.
+  per GPU (`stage_io.cluster_options`), so `auto` stays a value one can ask for, not a default.
 - `namespace` is the component pod's own (`current_namespace`), not `default`: the chart's Role
   grants the launcher its rights there only, and outside a pod both are `default`.
 """

@@ -178,7 +178,7 @@ def test_a_champion_whose_files_are_gone_stops_the_evaluation_with_its_version_a
 
 def test_an_agent_is_evaluated_with_the_turns_tools_and_stop_tokens_its_stage_trained_with():
     """The GRPO stage leaves its resolved `environment` section and stop tokens in its Model's metadata
-    (components/launcher/component_io.py); the evaluation's episodes run with them, not the defaults."""
+    (components/stage_io.py); the evaluation's episodes run with them, not the defaults."""
     from components.evaluate.job import evaluation_config
 
     trained = {"stage": "grpo", "generation_stop": ["<|end|>"],

@@ -27,7 +27,7 @@ def test_train_grpo_publishes_model_metrics_and_the_last_episodes_samples(tmp_pa
 
     assert (task / "model" / "model.safetensors").is_file() and model.metadata["stage"] == "grpo"
     assert "eval_reward" in metrics.metadata
-    job = task / "job"  # the job's folder beside the model (components/launcher/component_io.default_job_root)
+    job = task / "job"  # the job's folder beside the model (components/stage_io.default_job_root)
     samples = [json.loads(line) for line in (job / "samples.jsonl").read_text().splitlines()]
     table = open(report.path).read().split("## Sample generations")[1].split("\n## ")[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "=" in line]

@@ -89,3 +89,16 @@ def test_a_sliding_window_limits_each_query_to_the_last_window_tokens_with_or_wi
         torch.testing.assert_close(output, expected, rtol=1e-6, atol=1e-6)
     unwindowed, _ = varlen_sdpa_attention(module, query, key, value, None, sliding_window=5)  # covers the rows
     assert not torch.allclose(unwindowed, expected)
+
+
+@torch.no_grad()
+def test_an_unpadded_batch_without_positions_keeps_its_rows_apart():
+    """transformers gives a batch called without position ids (or with an all-ones mask) one (1, T) row of them;
+    each row is still its own sequence, as under plain sdpa (they were read as one sequence before)."""
+    ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [4, 3, 2, 1, 0]])
+    model = build_tiny_llama(20, seed=3).eval()
+    plain = model(input_ids=ids, use_cache=False).logits
+    use_varlen_attention(model)
+    torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits,
+                               plain, rtol=1e-5, atol=1e-5)

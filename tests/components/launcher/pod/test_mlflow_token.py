@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components.launcher.component_io import cluster_options
+from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.kinds.trainjob.request import build_trainjob_request
 from components.launcher.stage_job import stage_spec

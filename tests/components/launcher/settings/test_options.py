@@ -23,7 +23,7 @@ DECLARATION_END = "\n)\n\n\ndef options_set_by("
 CHECKS = """
 from kfp import compiler, dsl
 
-from components.launcher.component_io import cluster_options
+from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.kinds.trainjob.request import build_trainjob_request
 from components.launcher.settings.platform import PlatformDefaults

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from components.launcher.component_io import cluster_options
+from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import STAGES
 from components.launcher.settings.platform import PlatformDefaults, check_allowed, is_image_allowed, strip_credentials

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from components.launcher.component_io import cluster_options
+from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.stage_job import stage_spec
 from tests.components.launcher.crd import pytorchjob_validator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.launcher.component_io import cluster_options, default_job_root, stage_config
+from components.stage_io import cluster_options, default_job_root, stage_config
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import STAGES
 from components.launcher.stage_job import ClusterOptions, stage_spec
