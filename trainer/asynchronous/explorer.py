@@ -39,7 +39,7 @@ from trainer.data.dataset import load_prompt_dataset
 from trainer.lifecycle import preemption
 from trainer.lifecycle.context import seed_everything
 from trainer.modeling.models import load_causal_lm, load_frozen, load_tokenizer
-from trainer.online.prompts import PromptStream
+from trainer.online.prompts import PromptStream, num_extra_groups
 from trainer.rewards.weighted import build_weighted_scorer
 from trainer.rollout.builder import build_agent, build_rollout
 from trainer.rollout.engines import engine_setup
@@ -77,7 +77,8 @@ class Explorer:
         self.rollout = build_rollout(config.rollout, policy=self.policy, tokenizer=self.tokenizer,
                                      generation=config.generation, scorer=scorer, device=self.device,
                                      setup=engine_setup(config), agent=agent,
-                                     rows_per_call=config.algorithm.rollout_batch_size * config.num_generations)
+                                     rows_per_call=(config.algorithm.rollout_batch_size + num_extra_groups(config))
+                                     * config.num_generations)
         self.config = config = config.model_copy(update={"rollout": self.rollout.settings})  # `auto` chosen
         self.timer = PhaseTimer()  # the latest batch's sampling and scoring time, for its log line
         self.version = -1
@@ -86,6 +87,7 @@ class Explorer:
         self.prompts = PromptStream(self.rows, 1, 0, config.train.seed)
         self.buffer = buffer if buffer is not None else FileBuffer(buffer_dir(config))
         self.batch_size = config.algorithm.rollout_batch_size
+        self.num_extra = num_extra_groups(config)  # over-sampled prompts per batch, abandoned groups' included
         self.repeat = config.num_generations
         self.synchronizer = synchronizer
 
@@ -112,15 +114,18 @@ class Explorer:
 
     def seek(self, batches_done: int) -> None:
         """Position the prompt stream after `batches_done` batches, as an uninterrupted explorer would be."""
-        taken = batches_done * self.batch_size
+        taken = batches_done * (self.batch_size + self.num_extra)
         self.prompts.restore(taken // len(self.rows), taken % len(self.rows))
 
     @torch.no_grad()
     def make_batch(self) -> Experience:
         """Sample and score one batch; record its weight version and its behaviour log-probs."""
-        rows = [row for row in self.prompts.take(self.batch_size) for _ in range(self.repeat)]
+        rows = [row for row in self.prompts.take(self.batch_size + self.num_extra) for _ in range(self.repeat)]
         self.timer.reset()
-        scored = self.rollout.collect(rows, self.timer)
+        if self.num_extra:  # the first `batch_size` groups to complete; the others' episodes are dropped
+            scored = self.rollout.collect(rows, self.timer, group_size=self.repeat, num_groups=self.batch_size)
+        else:
+            scored = self.rollout.collect(rows, self.timer)
         behaviour_logps = scored.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
         if behaviour_logps is None:
             behaviour_logps = response_logps(self.policy, scored.batch) * scored.batch["action_mask"]  # (B, T)

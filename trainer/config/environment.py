@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from trainer.config.sandbox import SandboxConfig, SandboxLimits
 from trainer.config.sections import Section
@@ -66,6 +66,23 @@ class EnvironmentConfig(Section):
         "when tool latency or episode lengths vary, but with temperature sampling the episodes depend on timing "
         "(greedy decoding with deterministic environments gives lockstep's episodes).",
     )
+
+    oversample_groups: int = Field(
+        0, ge=0, description="Prompts sampled per rollout beyond `rollout_batch_size`, each a group of "
+        "`num_generations` episodes (`as_ready` only). The rollout returns as soon as `rollout_batch_size` groups "
+        "have every episode ended and trains on those; the other episodes are abandoned and their prompts count as "
+        "consumed (not retried, also after a resume). 0 waits for every episode. Evaluation runs every episode.",
+    )
+
+    @field_validator("oversample_groups")
+    @classmethod
+    def _oversample_as_ready(cls, value: int, info: ValidationInfo) -> int:
+        """Over-sampling drops a long tail, which only `as_ready` has (a lockstep turn waits for every episode)."""
+        schedule = info.data.get("schedule", "as_ready")  # absent: its own error is reported
+        if value and schedule != "as_ready":
+            raise ValueError(f"0 under schedule {schedule!r}; over-sampling needs environment.schedule: as_ready, "
+                             "since a lockstep turn waits for every episode anyway")
+        return value
 
     @field_validator("sandbox", mode="before")
     @classmethod

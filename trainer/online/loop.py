@@ -47,7 +47,7 @@ from trainer.config import OnlineStageConfig
 from trainer.lifecycle import preemption
 from trainer.online.batches import micro_batches
 from trainer.online.correction import METRIC_PREFIX, correct_rollout
-from trainer.online.prompts import PromptStream
+from trainer.online.prompts import PromptStream, num_extra_groups
 from trainer.parallel.booster import Booster
 from trainer.rewards.weighted import reward_metrics
 from trainer.rollout.experience import Experience, ReplayBuffer, concat_experiences
@@ -126,9 +126,16 @@ class PPOTrainer(OLTrainer):
     # -- collect ------------------------------------------------------------------------------------
 
     def collect(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Generate responses for `rows` (`num_generations` per prompt) and score them."""
-        rows = [row for row in rows for _ in range(self.config.num_generations)]
-        scored = self.rollout.collect(rows, self.timer)
+        """Generate responses for `rows` (`num_generations` per prompt) and score them; with
+        `environment.oversample_groups`, only the groups of all but that many prompts: the first to complete."""
+        group_size = self.config.num_generations
+        extra = num_extra_groups(self.config)
+        rows = [row for row in rows for _ in range(group_size)]
+        if extra:
+            scored = self.rollout.collect(rows, self.timer, group_size=group_size,
+                                          num_groups=len(rows) // group_size - extra)
+        else:
+            scored = self.rollout.collect(rows, self.timer)
         self.samples = scored.samples(SAMPLES_KEPT)
         if scored.metrics:  # multi-turn episodes: `agent/*` of this rank's rollout
             self.tracker.log_metrics(scored.metrics, self.global_step)
@@ -143,7 +150,8 @@ class PPOTrainer(OLTrainer):
             self._experience = None  # a new episode
             with self.timer.phase("sync_weights"):
                 self.rollout.sync_weights(self.actor)  # the last episode's updates (a no-op when it samples with it)
-        batch, scores = self.collect(self.prompts.take(self.options.rollout_batch_size))
+        # A fixed count, whichever groups complete, so the checkpointed prompt position does not depend on timing.
+        batch, scores = self.collect(self.prompts.take(self.options.rollout_batch_size + num_extra_groups(self.config)))
         return self.annotate(batch, scores)
 
     @torch.no_grad()

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from trainer.config import OnlineStageConfig
 from trainer.data.sampler import ResumableSampler
+
+
+def num_extra_groups(config: OnlineStageConfig) -> int:
+    """Prompts a rollout takes beyond `rollout_batch_size` (`environment.oversample_groups`; 0 without episodes).
+
+    They are consumed like the others: the stream's position (checkpointed) moves by `rollout_batch_size` plus this
+    at every collect step, whichever groups complete, and a resume never retries an abandoned group's prompt.
+    """
+    return config.environment.oversample_groups if config.environment is not None else 0
 
 
 class PromptStream:

@@ -32,6 +32,7 @@ from trainer.lifecycle.context import (
 from trainer.modeling.models import load_causal_lm, load_frozen, load_value_model
 from trainer.modeling.optim import build_optimizer, build_scheduler
 from trainer.online.loop import PPOTrainer, trainer_class
+from trainer.online.prompts import num_extra_groups
 from trainer.parallel.booster import Booster, Plugin, build_booster
 from trainer.rewards.weighted import build_weighted_scorer
 from trainer.rollout.builder import build_agent, build_rollout
@@ -106,7 +107,8 @@ def build_online_trainer(config: OnlineStageConfig, context: RunContext,
                                     boosters={"critic": critic_booster} if critic_booster else None)
     rollout = build_rollout(config.rollout, policy=actor[0], tokenizer=context.tokenizer, generation=config.generation,
                             scorer=scorer, device=plugin.device, setup=engine_setup(config), agent=agent,
-                            rows_per_call=config.algorithm.rollout_batch_size * config.num_generations)
+                            rows_per_call=(config.algorithm.rollout_batch_size + num_extra_groups(config))
+                            * config.num_generations)
     return trainer_class(algorithm)(
         context.booster, critic_booster, ReplayBuffer(), actor=actor, critic=critic, ref_model=reference,
         rollout=rollout, tokenizer=context.tokenizer, config=config, prompts=prompts, checkpoints=checkpoints,

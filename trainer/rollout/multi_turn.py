@@ -19,7 +19,8 @@ built before any model loads (`trainer.rollout.builder.build_agent`: a code tool
 then); the engine's side (sampling turns, the batch) is `MultiTurnRollout`. Which episodes share a
 generate call, and when the environments answer, is the schedule (`environment.schedule`,
 `trainer.rollout.turn_scheduler`): all running episodes turn by turn (`lockstep`), or each episode as
-soon as its observation is ready (`as_ready`).
+soon as its observation is ready (`as_ready`). Under `as_ready`, `collect(..., num_groups=N)` returns once N groups
+of consecutive rows have every episode ended and drops the rest (over-sampling, `environment.oversample_groups`).
 
 The batch is laid out as a single-turn one: the prompt left-padded, everything after it
 right-padded, `action_mask` 1 on the model's sampled tokens only; `truncated` marks episodes cut
@@ -175,14 +176,32 @@ class MultiTurnRollout(Rollout):
         self.agent = agent
 
     @torch.no_grad()
-    def collect(self, rows: list[dict], timer: PhaseTimer | None = None) -> ScoredRollout:
+    def collect(self, rows: list[dict], timer: PhaseTimer | None = None, *, group_size: int = 1,
+                num_groups: int | None = None) -> ScoredRollout:
+        """Run an episode per row and score them (`Rollout.collect`); with `num_groups`, only the first groups to
+        complete.
+
+        Args:
+            rows, timer: As in `Rollout.collect`.
+            group_size: Rows come in groups of this many consecutive rows (GRPO's `num_generations`).
+            num_groups: Return as soon as this many groups have every episode ended (`as_ready` only): the batch
+                holds those groups' rows in row order (where more completed at once, the first in row order), and
+                the other episodes are abandoned (`trainer.rollout.turn_scheduler`). None: every row.
+
+        Raises:
+            ValueError: `rows` are not whole groups, or fewer than `num_groups` of them.
+        """
         agent = self.agent
         stops = stop_token_ids(self.tokenizer, self.generation)
+        groups = CompleteGroups(len(rows), group_size, num_groups)
         episodes = [agent.start(row) for row in rows]
         phases = PhaseTimer()  # this rollout's own, for its `agent/*` metrics
         actions = EpisodeActions(partial(self.sample_turns, stops=stops), agent.step, agent.append_observation)
         run_episodes(agent.config.schedule, episodes, actions, max_concurrent_steps=agent.max_concurrent_steps,
-                     phases=phases)
+                     phases=phases, is_enough=partial(groups.is_enough, episodes) if num_groups is not None else None)
+        for episode in episodes:
+            episode.cache = None  # an abandoned episode's carried KV cache (an ended one has none)
+        episodes = [episodes[row] for row in groups.kept_rows(episodes)]
         batch, engine_logps = self.to_batch(episodes)
         prompts = [str(e.row["prompt"]) for e in episodes]
         finals = [e.last_turn for e in episodes]
@@ -194,7 +213,8 @@ class MultiTurnRollout(Rollout):
             timer.add(phases)
         timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
                    "tools": sum(e.tool_seconds for e in episodes)}
-        return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=episode_metrics(episodes, timings),
+        metrics = {**episode_metrics(episodes, timings), "agent/abandoned_episodes": float(len(rows) - len(episodes))}
+        return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=metrics,
                              trajectories=trajectories,
                              tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes])
 
@@ -247,6 +267,38 @@ class MultiTurnRollout(Rollout):
             return batch, None
         logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
         return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+class CompleteGroups:
+    """Which groups of consecutive rows have every episode ended, for over-sampled rollouts.
+
+    Args:
+        num_rows: Rows of the rollout.
+        group_size: Consecutive rows per group.
+        num_groups: Groups needed; None: all of them.
+    """
+
+    def __init__(self, num_rows: int, group_size: int, num_groups: int | None) -> None:
+        if group_size < 1 or num_rows % group_size:
+            raise ValueError(f"{num_rows} rows are not whole groups of {group_size}")
+        self.group_size = group_size
+        self.num_groups = num_rows // group_size if num_groups is None else num_groups
+        if not 0 < self.num_groups <= num_rows // group_size:
+            raise ValueError(f"{num_groups} groups needed of the {num_rows // group_size} given")
+
+    def complete(self, episodes: list[Episode]) -> list[int]:
+        """The groups (by index, in row order) whose episodes have all ended."""
+        size = self.group_size
+        return [group for group in range(len(episodes) // size)
+                if all(e.done for e in episodes[group * size:(group + 1) * size])]
+
+    def is_enough(self, episodes: list[Episode]) -> bool:
+        return len(self.complete(episodes)) >= self.num_groups
+
+    def kept_rows(self, episodes: list[Episode]) -> list[int]:
+        """The rows of the first `num_groups` complete groups in row order (all rows when every episode ran)."""
+        size = self.group_size
+        return [group * size + i for group in self.complete(episodes)[:self.num_groups] for i in range(size)]
 
 
 def concurrent_steps(config: EnvironmentConfig, environment_class: type[Environment]) -> int:

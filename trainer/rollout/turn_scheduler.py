@@ -19,8 +19,13 @@ limits, what an observation appends, the batch) and hands it over as `EpisodeAct
 Both run environment steps on one bounded thread pool and only there; the model's turns, the
 observations' tokens and the episode bookkeeping stay on the calling thread. Per-episode state an
 engine might carry between turns (a KV cache) belongs on the episode, which both schedules pass
-whole to `sample_turns`; nothing here would change for it. Left out: starting the update before
-every episode ended (over-sampling), and carrying episodes across weight versions.
+whole to `sample_turns`; nothing here would change for it.
+
+Over-sampling (`environment.oversample_groups`): `as_ready` may be given `is_enough`, checked after every generate
+call and every answer; once it holds the schedule returns with the other episodes still running. Their steps not
+started are cancelled and those running are left to finish on their pool threads, unwaited, their answers dropped
+(until they end they run beyond `max_concurrent_steps`, next to the following rollout's). Lockstep takes no
+`is_enough`: a turn waits for every episode anyway. Left out: carrying episodes across weight versions.
 """
 
 from __future__ import annotations
@@ -61,8 +66,10 @@ class EpisodeActions:
 
 
 def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
-                    phases: PhaseTimer) -> None:
+                    phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
     """Turn by turn: all running episodes sampled together, then all their environments, in row order."""
+    if is_enough is not None:  # EnvironmentConfig refuses oversample_groups under lockstep
+        raise ValueError("the lockstep schedule runs every episode to its end; is_enough needs as_ready")
     while running := [e for e in episodes if not e.done]:
         with phases.phase("generate"):
             actions.sample_turns(running)
@@ -74,12 +81,14 @@ def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: Thre
 
 
 def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
-                 phases: PhaseTimer) -> None:
+                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
     """Each episode's next turn as soon as its observation is ready (the module docstring).
 
     Phase `environment` is the time the loop waited for an environment with no episode to sample, so
-    `generate` plus `environment` is the engine's busy plus idle time, as under lockstep.
+    `generate` plus `environment` is the engine's busy plus idle time, as under lockstep. With `is_enough`, returns
+    as soon as it holds (checked after each generate call and each answer), the other episodes abandoned.
     """
+    should_stop = is_enough if is_enough is not None else (lambda: False)
     position = {id(episode): row for row, episode in enumerate(episodes)}
     ready = [e for e in episodes if not e.done]
     stepping: dict[Future, Episode] = {}
@@ -89,6 +98,8 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
                 ready.sort(key=lambda e: position[id(e)])  # the same readiness gives the same generate call
                 with phases.phase("generate"):
                     actions.sample_turns(ready)
+                if should_stop():  # turns cut by their budget may complete what was needed
+                    return
                 stepping.update((pool.submit(actions.step, e), e) for e in ready if not e.done)
                 ready = []
             if not stepping:
@@ -100,19 +111,22 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
                 actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
                 if not episode.done:
                     ready.append(episode)
+                elif should_stop():
+                    return
     finally:
         for future in stepping:  # after an error: steps not started yet never start
             future.cancel()
 
 
-SCHEDULES: dict[str, Callable[[list[Episode], EpisodeActions, ThreadPoolExecutor, PhaseTimer], None]] = {
+SCHEDULES: dict[str, Callable[..., None]] = {
     "lockstep": run_in_lockstep, "as_ready": run_as_ready}
 """The schedule of each `environment.schedule` value."""
 
 
 def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions, *, max_concurrent_steps: int,
-                 phases: PhaseTimer) -> None:
-    """Run every episode to its end under `schedule`, at most `max_concurrent_steps` environment steps at once.
+                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
+    """Run every episode to its end under `schedule`, at most `max_concurrent_steps` environment steps at once, or
+    until `is_enough` holds.
 
     Args:
         schedule: `lockstep` or `as_ready` (`environment.schedule`).
@@ -120,9 +134,16 @@ def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions
         actions: What a turn and an answer do (`trainer.rollout.multi_turn`).
         max_concurrent_steps: Threads of the pool that runs environment steps (and so their tool calls).
         phases: Gets the time spent sampling (`generate`) and waiting for environments (`environment`).
+        is_enough: `as_ready` only: return once this holds; episodes not `done` then are abandoned, their
+            running steps left to finish unwaited (the module docstring).
 
     Raises:
         EpisodeError: An environment raised; steps not started yet are dropped.
     """
-    with ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment") as pool:
-        SCHEDULES[schedule](episodes, actions, pool, phases)
+    pool = ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment")
+    should_wait = True  # for the steps still running after an error, as a `with` block would
+    try:
+        SCHEDULES[schedule](episodes, actions, pool, phases, is_enough)
+        should_wait = all(episode.done for episode in episodes)  # not when episodes were abandoned
+    finally:
+        pool.shutdown(wait=should_wait, cancel_futures=True)

@@ -97,7 +97,8 @@ class ScriptedEnvironment(Environment):
     sleeps `sleeps[N-1]` seconds at step N; raises at step `fails_at_turn`; counts itself in `gauge`; records each
     step's (start, end) monotonic time in `steps`; with `latch`, a row with `waits_for_others` waits at its first
     step until the latch opens (up to 10 s) and records whether it did in `released`, and every other row counts
-    the latch down when it ends."""
+    the latch down when it ends; with `gate` (a threading.Event), its first step waits until the gate opens (up to
+    10 s)."""
 
     def step(self, turn):
         row = self.row
@@ -108,6 +109,8 @@ class ScriptedEnvironment(Environment):
                 raise RuntimeError(f"scripted failure at turn {self.turns}")
             if row.get("waits_for_others"):
                 row["released"] = row["latch"].opened.wait(10)
+            if row.get("gate") is not None and self.turns == 1:
+                row["gate"].wait(10)
             time.sleep(row.get("sleeps", [0.0] * 99)[self.turns - 1])
         row.setdefault("steps", []).append((start, time.monotonic()))
         done = self.turns >= row.get("turns", 1)

@@ -115,3 +115,16 @@ def test_tool_call_validity_is_weighted_by_the_calls_each_episode_made():
     counts = tool_call_counts([1, 1, 1, 1, 3, 3], [1, 0, 1, 0, 0, 0])
     assert counts == {"tool_calls_per_episode": 10 / 6, "valid_tool_call_fraction": (2 + 6) / 10}
     assert tool_call_counts([0, 0], [0, 0]) == {"tool_calls_per_episode": 0.0, "valid_tool_call_fraction": 0.0}
+
+
+def test_over_sampled_prompts_are_consumed_whichever_groups_complete(tmp_path, tiny_model, agent_files):
+    config = make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
+                         generation={"max_new_tokens": 6, "temperature": 1.0, "stop": ["}"]},
+                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
+                         environment={"name": "tiny_calculator", "max_turns": 2, "max_total_tokens": 24,
+                                      "schedule": "as_ready", "oversample_groups": 1},
+                         grpo={"num_episodes": 1, "rollout_batch_size": 2, "num_generations": 2, "mini_batch_size": 4})
+    trainer = build_online_trainer(config, build_context(config))
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
+    assert len(trainer._experience) == 2 * 2  # the groups the update needs, whole
+    assert trainer.prompts.position()["prompt_samples"] == 2 + 1  # the abandoned group's prompt too, never retried

@@ -1,7 +1,9 @@
 """The schedules of a multi-turn rollout's turns (`environment.schedule`), on the tiny model with the `hf` engine."""
 
 import string
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +16,10 @@ from trainer.errors import ConfigError
 from trainer.modeling.models import load_tokenizer
 from trainer.rewards.functions import FunctionScorer, load_reward_function
 from trainer.rollout.engines import HFGenerateEngine
-from trainer.rollout.multi_turn import Agent, EpisodeError, MultiTurnRollout, concurrent_steps
+from trainer.config.loading import build_config
+from trainer.rollout.multi_turn import Agent, CompleteGroups, EpisodeError, MultiTurnRollout, concurrent_steps
+from trainer.rollout.turn_scheduler import EpisodeActions, run_episodes
+from trainer.tracking.timing import PhaseTimer
 
 ENVIRONMENTS = ("scripted=tests.trainer.agents.environments:ScriptedEnvironment,"
                 "one_at_a_time=tests.trainer.agents.environments:OneStepAtATimeEnvironment")
@@ -52,14 +57,14 @@ def rows(count, **columns):
             for n in range(1, count + 1)]
 
 
-def run(setup, schedule, prompt_rows, name="scripted", generation=GREEDY, **limits):
+def run(setup, schedule, prompt_rows, name="scripted", generation=GREEDY, groups=None, **limits):
     tokenizer, build_engine, scorer = setup
     engine = build_engine()
     torch.manual_seed(0)
     agent = Agent(EnvironmentConfig(name=name, schedule=schedule, **{"max_turns": 8, **limits}), tokenizer)
     rollout = MultiTurnRollout(engine, agent=agent, tokenizer=tokenizer, generation=generation, device=torch.device("cpu"),
                                scorer=scorer, settings=RolloutConfig())
-    return rollout.collect(prompt_rows), engine.calls
+    return rollout.collect(prompt_rows, **(groups or {})), engine.calls
 
 
 def test_as_ready_gives_lockstep_episodes_under_greedy_decoding(setup):
@@ -118,3 +123,73 @@ def test_an_environment_own_concurrency_limit_must_be_positive():
 
     with pytest.raises(ConfigError, match="sets max_concurrent_steps = 0, expected a positive integer"):
         concurrent_steps(EnvironmentConfig(name="scripted"), Unlimited)
+
+
+# -- over-sampling (`environment.oversample_groups`) -----------------------------------------------------------------
+
+
+def test_over_sampling_returns_the_complete_groups_without_waiting_for_the_slow_one(setup):
+    # Four groups of two rows, three needed. Row 2's first step waits on a gate this test opens only after `collect`
+    # returned, so its group (rows 2-3) cannot complete in time: returning at all proves nothing waited for it.
+    gate = threading.Event()
+    turns = [2, 1, 1, 1, 3, 2, 1, 2]
+    prompt_rows = rows(8, turns=turns, gate=[None, None, gate] + [None] * 5)
+    try:
+        rollout, _ = run(setup, "as_ready", prompt_rows, groups={"group_size": 2, "num_groups": 3},
+                         max_concurrent_episodes=8)
+        assert "steps" not in prompt_rows[2]  # its step is still waiting: the rollout did not
+    finally:
+        gate.set()
+    kept = [0, 1, 4, 5, 6, 7]  # whole groups, in row order
+    assert rollout.prompts == [str(prompt_rows[row]["prompt"]) for row in kept]
+    assert rollout.batch["input_ids"].shape[0] == len(rollout.scores) == len(rollout.trajectories) == 6
+    assert rollout.batch["truncated"].tolist() == [0.0] * 6
+    model_turns = [t.count("⟦") + 1 for t in rollout.trajectories]
+    assert model_turns == [turns[row] for row in kept]
+    metrics = rollout.metrics  # of the returned episodes only
+    assert metrics["agent/turns_per_episode"] == sum(turns[row] for row in kept) / 6
+    assert metrics["agent/abandoned_episodes"] == 2.0
+    assert len(rollout.tool_calls) == 6
+    deadline = time.monotonic() + 10  # the abandoned step finishes on its pool thread, unwaited
+    while "steps" not in prompt_rows[2] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "steps" in prompt_rows[2]
+
+
+def test_over_sampling_without_a_long_tail_keeps_the_first_complete_groups_in_row_order(setup):
+    rollout, _ = run(setup, "as_ready", rows(6, turns=1), groups={"group_size": 2, "num_groups": 2})
+    assert rollout.prompts == [str(row["prompt"]) for row in rows(4)]  # all complete at once: the first two groups
+    assert rollout.metrics["agent/abandoned_episodes"] == 2.0
+
+
+def test_complete_groups_are_whole_groups_of_ended_episodes():
+    episodes = [SimpleNamespace(done=done) for done in [True, False, True, True, True, True]]
+    groups = CompleteGroups(6, 2, 1)
+    assert groups.complete(episodes) == [1, 2] and groups.is_enough(episodes)
+    assert groups.kept_rows(episodes) == [2, 3]
+    assert CompleteGroups(6, 2, None).kept_rows([SimpleNamespace(done=True)] * 6) == list(range(6))
+    with pytest.raises(ValueError, match="not whole groups of 4"):
+        CompleteGroups(6, 4, 1)
+    with pytest.raises(ValueError, match="4 groups needed of the 3 given"):
+        CompleteGroups(6, 2, 4)
+
+
+def test_lockstep_takes_no_stopping_condition():
+    actions = EpisodeActions(lambda episodes: None, lambda episode: None, lambda episode, observation: None)
+    with pytest.raises(ValueError, match="is_enough needs as_ready"):
+        run_episodes("lockstep", [SimpleNamespace(done=False)], actions, max_concurrent_steps=1, phases=PhaseTimer(),
+                     is_enough=lambda: True)
+
+
+def test_over_sampling_needs_the_as_ready_schedule_and_a_count_of_at_least_zero(tmp_path):
+    base = {"output_dir": str(tmp_path), "model": {"path": str(tmp_path)}, "data": {"train_path": str(tmp_path)},
+            "reward": {"function": "tiny_calculator"}}
+    with pytest.raises(ConfigError, match=r"environment.oversample_groups is 2, expected: 0 under schedule 'lockstep'; "
+                                          r"over-sampling needs environment.schedule: as_ready"):
+        build_config("grpo", {**base, "environment": {"name": "scripted", "oversample_groups": 2}})
+    with pytest.raises(ConfigError, match="environment.oversample_groups is -1, expected: .*greater than or equal to 0"):
+        build_config("grpo", {**base, "environment": {"name": "scripted", "schedule": "as_ready",
+                                                      "oversample_groups": -1}})
+    config = build_config("grpo", {**base, "environment": {"name": "scripted", "schedule": "as_ready",
+                                                           "oversample_groups": 2}})
+    assert config.environment.oversample_groups == 2
