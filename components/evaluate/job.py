@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from components.evaluate.mlflow_side import Champion, current_champion, log_evaluation
-from components.stage_io import cluster_options, default_job_root
 from components.launcher.stage_job import run_stage_job
 from components.reports.stage import table_cell
+from components.stage_io import cluster_options, default_job_root
 from trainer.errors import PipelineError
 from trainer.storage import get_storage, join_uri
 

@@ -6,10 +6,10 @@ import os
 from typing import Any
 
 from components.evaluate.job import read_gate
-from components.stage_io import default_job_root
 from components.register.registry import register_candidate
 from components.reports.comparison import comparison_html
 from components.reports.curves import read_jsonl
+from components.stage_io import default_job_root
 from trainer.storage import join_uri
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.stage_io import cluster_options, default_job_root, stage_config
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import STAGES
 from components.launcher.stage_job import ClusterOptions, stage_spec
+from components.stage_io import cluster_options, default_job_root, stage_config
 from tests.components.launcher.crd import pytorchjob_validator
 
 

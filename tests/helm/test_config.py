@@ -124,9 +124,9 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
 
 def test_scheduling_values_become_the_keys_the_launcher_reads():
     """Rendered as the component pod's env, they reach the PyTorchJob (tests/components/launcher/settings/test_scheduling.py)."""
-    from components.stage_io import cluster_options
     from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
     from components.launcher.stage_job import stage_spec
+    from components.stage_io import cluster_options
 
     data = config({"s3": {"retrySeconds": 60},
                    "scheduling": {"affinity": AFFINITY, "shmSize": "16Gi", "activeDeadlineSeconds": 172800,

@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM
 from tests.trainer.agents.environments import ConcurrencyGauge, Latch
 from trainer.config import GenerationConfig, RolloutConfig
 from trainer.config.environment import EnvironmentConfig
+from trainer.config.loading import build_config
 from trainer.errors import ConfigError
 from trainer.modeling.models import load_tokenizer
 from trainer.rewards.functions import FunctionScorer, load_reward_function
 from trainer.rollout.engines import HFGenerateEngine
-from trainer.config.loading import build_config
 from trainer.rollout.multi_turn import Agent, CompleteGroups, EpisodeError, MultiTurnRollout, concurrent_steps
 from trainer.rollout.turn_scheduler import EpisodeActions, run_episodes
 from trainer.tracking.timing import PhaseTimer

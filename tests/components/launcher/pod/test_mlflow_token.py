@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.kinds.trainjob.request import build_trainjob_request
 from components.launcher.stage_job import stage_spec
+from components.stage_io import cluster_options
 from tests.components.launcher.crd import pytorchjob_validator
 from tests.components.launcher.pod_security import violations
 from trainer.errors import LaunchError

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.pod.spec import STAGES
 from components.launcher.settings.platform import PlatformDefaults, check_allowed, is_image_allowed, strip_credentials
 from components.launcher.stage_job import ClusterOptions, run_stage_job, stage_spec
+from components.stage_io import cluster_options
 from tests.components.launcher.crd import pytorchjob_validator
 from trainer.errors import LaunchError
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from components.stage_io import cluster_options
 from components.launcher.kinds.pytorchjob.manifest import build_pytorchjob
 from components.launcher.stage_job import stage_spec
+from components.stage_io import cluster_options
 from tests.components.launcher.crd import pytorchjob_validator
 from trainer.errors import LaunchError
 
