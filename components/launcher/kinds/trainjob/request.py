@@ -56,7 +56,7 @@ from components.launcher.pod.template import (
     stage_command,
 )
 from components.launcher.shared.quantities import quantity_value
-from trainer.launch import SECRET_DIRS_VARIABLE
+from trainer.secret_keys import SECRET_DIRS_VARIABLE
 
 if TYPE_CHECKING:
     from components.launcher.pod.spec import JobSpec, SecretEnv
