@@ -20,12 +20,15 @@ prompt, which vLLM's prefix cache holds from turn k-1.
 schedule runs the same turns against the same latencies. The schedules `lockstep` and `as_ready`
 (`environment.schedule`) alternate on the same rows; per schedule: episodes/s, the engine's idle
 fraction (the share of wall time with no generate call running), generate calls, and as_ready's
-episodes/s over lockstep's.
+episodes/s over lockstep's. With `vllm`, as_ready batches continuously (each turn a request, joining the
+engine's running batch at its next step; its "calls" are engine steps); a third row runs as_ready on whole-batch
+generate calls, as `hf` must, to show what continuous batching adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -115,6 +118,25 @@ def build_engine(engine_name: str):
         return out
 
     engine.generate = timed_generate
+    open_stream = engine.turn_stream
+
+    @contextlib.contextmanager
+    def timed_stream(*args, **kwargs):  # `as_ready` with vllm: each engine step is a call (of every turn in flight)
+        with open_stream(*args, **kwargs) as stream:
+            step = stream.step
+
+            def timed_step():
+                start = time.perf_counter()
+                out = step()
+                engine.calls.append((-1, time.perf_counter() - start))
+                return out
+
+            stream.step = timed_step
+            yield stream
+
+    engine.streams_turns = open_stream(generation_options(), stop_token_ids=[], num_rows=1) is not None
+    if engine.streams_turns:
+        engine.turn_stream = timed_stream
     engine.calls = []
     engine.name = engine_name
     return tokenizer, engine
@@ -162,16 +184,25 @@ def print_schedules(args, tokenizer, engine, generation, scorer) -> None:
              "seed": args.seed, "index": n} for n in range(args.episodes)]
     concurrency = args.max_concurrent_episodes or args.episodes
     best = {}
+    streams = engine.turn_stream
+    # An engine that batches continuously (vllm) also runs as_ready the way hf must: a whole batch per call.
+    variants = [("lockstep", streams), ("as_ready", streams)]
+    if getattr(engine, "streams_turns", False):
+        variants.append(("as_ready, whole batches", lambda *args, **kwargs: None))
     for repeat in range(args.repeats):
-        for schedule in ("lockstep", "as_ready"):
-            config = EnvironmentConfig(name="heavy_tailed", schedule=schedule, max_turns=8, max_total_tokens=1024,
-                                       tool_timeout_seconds=60, max_concurrent_episodes=concurrency)
+        for name, turn_stream in variants:
+            engine.turn_stream = turn_stream
+            config = EnvironmentConfig(name="heavy_tailed", schedule=name.split(",")[0], max_turns=8,
+                                       max_total_tokens=1024, tool_timeout_seconds=60,
+                                       max_concurrent_episodes=concurrency)
             run = run_once(Agent(config, tokenizer), engine, tokenizer, rows, generation, scorer, repeat)
-            best[schedule] = min(best.get(schedule, run), run, key=lambda r: r[0])
+            best[name] = min(best.get(name, run), run, key=lambda r: r[0])
+    engine.turn_stream = streams
     print(f"{args.episodes} episodes, {sum(r['turns'] for r in rows)} turns, {concurrency} environment steps at once, "
           f"best of {args.repeats}; load average before: {args.load}, after: {read_load()}")
     print("tool time alone, lockstep: {:.2f} s, as_ready: {:.2f} s".format(*tool_bounds(rows)))
-    print("| schedule | episodes/s | engine idle | generate calls | rows per call | turns/episode | "
+    print("(vllm's as_ready batches continuously: its calls are engine steps, each one token of every turn in flight)")
+    print("| schedule | episodes/s | engine idle | generate calls | turns per call | turns/episode | "
           "seconds in tools (summed) | wall seconds |")
     print("|---|---|---|---|---|---|---|---|")
     for schedule, (seconds, metrics, calls) in best.items():
@@ -180,6 +211,13 @@ def print_schedules(args, tokenizer, engine, generation, scorer) -> None:
               f"{metrics['agent/turns_per_episode'] * args.episodes / len(calls):.1f} | "
               f"{metrics['agent/turns_per_episode']:.2f} | {metrics['agent/tool_seconds']:.1f} | {seconds:.2f} |")
     print(f"as_ready / lockstep, episodes/s: {best['lockstep'][0] / best['as_ready'][0]:.2f}x")
+
+
+def generation_options(max_new_tokens: int = 24):
+    """Sampling at temperature 1; a third of the characters stop a turn (the module docstring)."""
+    from trainer.config import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, stop=list(string.ascii_letters[:32]))
 
 
 def read_load() -> str:
@@ -203,13 +241,11 @@ def main() -> None:
     os.environ["ALIGNFLOW_ENVIRONMENTS"] = ("fixed_turns=__main__:FixedTurnsEnvironment,"
                                             "heavy_tailed=__main__:HeavyTailedEnvironment")
     os.environ["ALIGNFLOW_TOOLS"] = "heavy_tailed_lookup=__main__:heavy_tailed_lookup"
-    from trainer.config import GenerationConfig
     from trainer.rewards.functions import FunctionScorer, load_reward_function
 
     tokenizer, engine = build_engine(args.engine)
     scorer = FunctionScorer(load_reward_function("tiny_calculator"))
-    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
-                                  stop=list(string.ascii_letters[:32]))
+    generation = generation_options(args.max_new_tokens)
     table = print_schedules if args.table == "schedules" else print_turn_costs
     table(args, tokenizer, engine, generation, scorer)
 

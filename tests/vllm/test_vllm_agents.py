@@ -1,4 +1,5 @@
-"""Multi-turn episodes sampled by vLLM: the same trajectories as `hf` when greedy, and a GRPO stage that trains on them.
+"""Multi-turn episodes sampled by vLLM: the same trajectories as `hf` when greedy, under either schedule (`as_ready`
+batching the turns continuously, one request each), and a GRPO stage that trains on them.
 
 Runs only in the vLLM environment (`make test-vllm`); elsewhere the module is skipped. The agent loop hands the
 engine token-id prompts (the episode so far) and keeps the ids it sampled, so each turn after the first is a prompt
@@ -7,6 +8,7 @@ vLLM never saw as text: greedy agreement over three turns checks that nothing is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import string
 
@@ -44,6 +46,85 @@ def prompt_rows(agent_files, count=8):
     return [json.loads(line) for line in agent_files["eval_prompts"].read_text().splitlines()][:count]
 
 
+@pytest.fixture(scope="module")
+def vllm_engine(vllm_start_model):
+    actor = load_causal_lm(ModelConfig(path=str(vllm_start_model)))
+    engine = build_rollout_engine(RolloutConfig(engine="vllm"), actor, EngineSetup(str(vllm_start_model)))
+    engine.sync_from(actor)
+    yield engine
+    engine.close()
+
+
+class RecordingStream:
+    """Wraps a `TurnStream`: for each turn submitted, how many turns were in flight then and at which engine step."""
+
+    def __init__(self, stream):
+        self.stream, self.steps, self.submits = stream, 0, []
+
+    def __len__(self):
+        return len(self.stream)
+
+    def submit(self, *args):
+        self.submits.append((self.steps, len(self.stream)))
+        self.stream.submit(*args)
+
+    def step(self):
+        self.steps += 1
+        return self.stream.step()
+
+    def abort(self):
+        self.stream.abort()
+
+
+def test_as_ready_batches_turns_continuously_and_gives_the_greedy_episodes_of_hf(vllm_start_model, vllm_engine,
+                                                                                  agent_files, monkeypatch):
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ECHO)
+    actor = load_causal_lm(ModelConfig(path=str(vllm_start_model)))
+    tokenizer = load_tokenizer(str(vllm_start_model))
+    scorer = FunctionScorer(load_reward_function("tiny_calculator"))
+    rows = prompt_rows(agent_files)
+    runs, recorded = {}, []
+    open_stream = vllm_engine.turn_stream
+
+    @contextlib.contextmanager
+    def recording_stream(*args, **kwargs):
+        with open_stream(*args, **kwargs) as stream:
+            recorded.append(RecordingStream(stream))
+            yield recorded[-1]
+
+    monkeypatch.setattr(vllm_engine, "turn_stream", recording_stream)
+    monkeypatch.setattr(vllm_engine, "generate", None)  # as_ready must not sample through whole-batch calls
+    for name, sampler in (("vllm", vllm_engine), ("hf", HFGenerateEngine(actor))):
+        agent = Agent(EnvironmentConfig(name="echo", max_turns=3, max_total_tokens=64, schedule="as_ready"), tokenizer)
+        rollout = MultiTurnRollout(sampler, agent=agent, tokenizer=tokenizer, generation=GREEDY, device=CPU,
+                                   scorer=scorer, settings=RolloutConfig(engine=name))
+        runs[name] = rollout.collect(rows)
+
+    for key in ("input_ids", "attention_mask", "action_mask"):
+        assert torch.equal(runs["vllm"].batch[key], runs["hf"].batch[key]), key
+    assert runs["vllm"].trajectories == runs["hf"].trajectories
+    stream, = recorded
+    assert len(stream.submits) == 3 * len(rows)  # one request per turn
+    # Turns of different lengths end at different steps, so some episode's next turn joined turns already being
+    # sampled: continuous batching, not a batch waiting for its longest row.
+    assert any(step > 0 and in_flight > 0 for step, in_flight in stream.submits), stream.submits
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests()
+
+
+def test_over_sampling_aborts_the_turns_of_the_abandoned_episodes(vllm_engine, vllm_start_model, agent_files,
+                                                                  monkeypatch):
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ECHO)
+    tokenizer = load_tokenizer(str(vllm_start_model))
+    agent = Agent(EnvironmentConfig(name="echo", max_turns=3, max_total_tokens=64, schedule="as_ready"), tokenizer)
+    rollout = MultiTurnRollout(vllm_engine, agent=agent, tokenizer=tokenizer, generation=GREEDY, device=CPU,
+                               scorer=FunctionScorer(load_reward_function("tiny_calculator")),
+                               settings=RolloutConfig(engine="vllm"))
+    result = rollout.collect(prompt_rows(agent_files), group_size=2, num_groups=1)
+    assert result.batch["input_ids"].shape[0] == 2
+    assert result.metrics["agent/abandoned_episodes"] == 6.0
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests()  # their requests left the engine
+
+
 def test_greedy_episodes_equal_hf_turn_for_turn(vllm_start_model, agent_files, monkeypatch):
     monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", ECHO)
     actor = load_causal_lm(ModelConfig(path=str(vllm_start_model)))
@@ -72,8 +153,9 @@ def test_greedy_episodes_equal_hf_turn_for_turn(vllm_start_model, agent_files, m
     assert vllm_run.engine_logps is not None and hf_run.engine_logps is None  # the log-probs are vLLM's own
 
 
+@pytest.mark.parametrize("schedule", ["lockstep", "as_ready"])
 def test_multi_turn_grpo_samples_with_vllm_and_trains_on_the_episodes(tmp_path, vllm_tiny_model, agent_files,
-                                                                      monkeypatch):
+                                                                      monkeypatch, schedule):
     # The untrained model: its turns end at a stop character after a few tokens, so the last turns' lengths (and
     # with them this reward) differ between an episode's samples; episodes in `echo` last two turns
     # unless their token budget ends them first.
@@ -84,7 +166,7 @@ def test_multi_turn_grpo_samples_with_vllm_and_trains_on_the_episodes(tmp_path, 
                          train={"micro_batch_size": 16}, data={"max_length": 32},
                          generation={"max_new_tokens": 8, "temperature": 1.0, "stop": list(string.ascii_lowercase[:20])},
                          reward={"function": "shorter"}, rollout={"engine": "vllm"},
-                         environment={"name": "echo", "max_turns": 2, "max_total_tokens": 32},
+                         environment={"name": "echo", "max_turns": 2, "max_total_tokens": 32, "schedule": schedule},
                          grpo={"num_episodes": 2, "rollout_batch_size": 4, "num_generations": 4, "mini_batch_size": 16})
     run_online_stage(config)
 

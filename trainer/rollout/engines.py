@@ -118,6 +118,14 @@ class RolloutEngine(ABC):
     def close(self) -> None:
         """Free what the engine holds (its own weights, caches, threads); the `hf` engine holds nothing."""
 
+    def turn_stream(self, options: GenerationConfig, *, stop_token_ids: list[int],
+                    num_rows: int) -> contextlib.AbstractContextManager | None:
+        """A context in which turns are sampled one request at a time and batched continuously (the
+        `trainer.rollout.vllm_turns.TurnStream` it yields), or None where the engine samples in whole batches only
+        (`hf`: `generate` cannot take a row in mid-call). `num_rows`: the rollout's rows, which set its threads.
+        """
+        return None
+
 
 class HFGenerateEngine(RolloutEngine):
     """Hugging Face `generate` (with its KV cache) on `model`; in eval mode while sampling.

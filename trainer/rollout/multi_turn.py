@@ -32,6 +32,7 @@ prefix cache holds the history itself (benchmarks/turn_cost.py).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -197,8 +198,12 @@ class MultiTurnRollout(Rollout):
         episodes = [agent.start(row) for row in rows]
         phases = PhaseTimer()  # this rollout's own, for its `agent/*` metrics
         actions = EpisodeActions(partial(self.sample_turns, stops=stops), agent.step, agent.append_observation)
-        run_episodes(agent.config.schedule, episodes, actions, max_concurrent_steps=agent.max_concurrent_steps,
-                     phases=phases, is_enough=partial(groups.is_enough, episodes) if num_groups is not None else None)
+        streaming = self.engine.turn_stream(self.generation, stop_token_ids=stops, num_rows=len(rows)) \
+            if agent.config.schedule == "as_ready" else None
+        with streaming or contextlib.nullcontext() as stream:
+            run_episodes(agent.config.schedule, episodes, actions, max_concurrent_steps=agent.max_concurrent_steps,
+                         phases=phases, is_enough=partial(groups.is_enough, episodes) if num_groups is not None else None,
+                         turns=StreamedTurns(self, stream, episodes, stops) if stream is not None else None)
         for episode in episodes:
             episode.cache = None  # an abandoned episode's carried KV cache (an ended one has none)
         episodes = [episodes[row] for row in groups.kept_rows(episodes)]
@@ -221,7 +226,7 @@ class MultiTurnRollout(Rollout):
     def sample_turns(self, active: list[Episode], *, stops: list[int]) -> None:
         """One model turn for every active episode, in one generate call."""
         options, pad = self.generation, self.tokenizer.pad_token_id
-        budgets = [min(options.max_new_tokens, self.agent.config.max_total_tokens - len(e.ids)) for e in active]
+        budgets = [self.turn_budget(e) for e in active]
         carried = carries_kv(self.engine)
         if carried:  # the plain hf engine: each episode runs only what its cache lacks
             turns = sample_next_turns(self.engine, [e.cache for e in active], [e.unfed_ids() for e in active],
@@ -235,19 +240,27 @@ class MultiTurnRollout(Rollout):
                                            options.model_copy(update={"max_new_tokens": max(budgets)}),
                                            stop_token_ids=stops, pad_token_id=pad)
         for row, (episode, budget) in enumerate(zip(active, budgets)):
-            ids = sampled.ids[row, :budget].tolist()
-            ends = [i for i, token in enumerate(ids) if token in stops]
-            turn = ids[:ends[0] + 1] if ends else ids
             # The carried turns' log-probs are dropped, as the re-reading hf engine returns none: the loop's own
             # forward gives the behaviour log-probs either way, so both paths train on the same numbers.
-            logps = sampled.logps[row, :len(turn)].float().tolist() if sampled.logps is not None and not carried \
-                else None
-            episode.extend(turn, True, logps)
-            episode.num_turns += 1
-            episode.last_turn = self.tokenizer.decode(turn, skip_special_tokens=True)
-            episode.segments.append((self.tokenizer.decode(turn), True))
-            if not ends:  # ran out of tokens before its stop token
-                episode.end(truncated=True)
+            logps = sampled.logps[row].float().tolist() if sampled.logps is not None and not carried else None
+            self.accept_turn(episode, sampled.ids[row, :budget].tolist(), logps, stops=stops)
+
+    def turn_budget(self, episode: Episode) -> int:
+        """The most tokens the episode's next turn may take: `generation.max_new_tokens`, or what its
+        `max_total_tokens` leaves."""
+        return min(self.generation.max_new_tokens, self.agent.config.max_total_tokens - len(episode.ids))
+
+    def accept_turn(self, episode: Episode, ids: list[int], logps: list[float] | None, *, stops: list[int]) -> None:
+        """Append the model turn sampled as `ids` (within its budget; what follows its first stop token dropped)
+        with the engine's log-probs (None where it gives none); a turn without a stop token ends the episode."""
+        ends = [i for i, token in enumerate(ids) if token in stops]
+        turn = ids[:ends[0] + 1] if ends else ids
+        episode.extend(turn, True, logps[:len(turn)] if logps is not None else None)
+        episode.num_turns += 1
+        episode.last_turn = self.tokenizer.decode(turn, skip_special_tokens=True)
+        episode.segments.append((self.tokenizer.decode(turn), True))
+        if not ends:  # ran out of tokens before its stop token
+            episode.end(truncated=True)
 
     def to_batch(self, episodes: list[Episode]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         """The (B, P + R) batch as `single_turn.sample` lays it out: prompts left-padded, the rest right-padded."""
@@ -267,6 +280,50 @@ class MultiTurnRollout(Rollout):
             return batch, None
         logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
         return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+class StreamedTurns:
+    """The turns of `episodes` on an engine that batches continuously (`RolloutEngine.turn_stream`), for the
+    `as_ready` schedule (`trainer.rollout.turn_scheduler.TurnQueue`).
+
+    A turn's seed is fixed by the episode's row and turn number (and one draw per rollout from torch's generator,
+    which the stages seed and checkpoint), not by when the turn was submitted, so it draws the same random numbers
+    whichever turns share the engine's steps with it.
+
+    Args:
+        rollout: Gives each turn's budget and appends it (`accept_turn`).
+        stream: The engine's `TurnStream`.
+        episodes: The rollout's episodes, in row order.
+        stops: Token ids that end a turn.
+    """
+
+    def __init__(self, rollout: MultiTurnRollout, stream: Any, episodes: list[Episode], stops: list[int]) -> None:
+        self.rollout, self.stream, self.stops = rollout, stream, stops
+        self.rows = {id(episode): row for row, episode in enumerate(episodes)}
+        self.in_flight: dict[int, Episode] = {}
+        self.base_seed = int(torch.randint(0, 2**31 - 1, ()).item()) if rollout.generation.temperature else None
+
+    def __len__(self) -> int:
+        return len(self.in_flight)
+
+    def submit(self, episode: Episode) -> None:
+        seed = None
+        if self.base_seed is not None:
+            seed = hash((self.base_seed, self.rows[id(episode)], episode.num_turns)) % (2**31 - 1)
+        self.in_flight[id(episode)] = episode
+        self.stream.submit(id(episode), episode.prompt_ids + episode.ids, self.rollout.turn_budget(episode), seed)
+
+    def advance(self) -> list[Episode]:
+        turned = []
+        for key, ids, logps in self.stream.step():
+            episode = self.in_flight.pop(key)
+            self.rollout.accept_turn(episode, ids, logps, stops=self.stops)
+            turned.append(episode)
+        return turned
+
+    def abort(self) -> None:
+        self.stream.abort()
+        self.in_flight.clear()
 
 
 class CompleteGroups:

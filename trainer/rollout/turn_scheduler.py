@@ -21,6 +21,12 @@ observations' tokens and the episode bookkeeping stay on the calling thread. Per
 engine might carry between turns (a KV cache) belongs on the episode, which both schedules pass
 whole to `sample_turns`; nothing here would change for it.
 
+With an engine that batches continuously (`vllm`: `RolloutEngine.turn_stream`), `as_ready` goes one step further
+(`run_continuously`): each ready episode's turn is a request of its own, added to the engine at once and joining
+the turns already being sampled at the engine's next step, and each turn is handed to its environment the step it
+ends. No turn waits for another's last token, and the loop checks the environments between engine steps without
+blocking. `hf`'s `generate` takes whole batches only, so there `as_ready` batches whatever is ready per call.
+
 Over-sampling (`environment.oversample_groups`): `as_ready` may be given `is_enough`, checked after every generate
 call and every answer; once it holds the schedule returns with the other episodes still running. Their steps not
 started are cancelled and those running are left to finish on their pool threads, unwaited, their answers dropped
@@ -63,6 +69,22 @@ class EpisodeActions:
     sample_turns: Callable[[list[Episode]], None]
     step: Callable[[Episode], Observation]
     append_observation: Callable[[Episode, Observation], None]
+
+
+class TurnQueue(Protocol):
+    """An engine that batches continuously, seen from the schedule (`trainer.rollout.multi_turn.StreamedTurns`)."""
+
+    def __len__(self) -> int:
+        """Turns being sampled."""
+
+    def submit(self, episode: Episode) -> None:
+        """Start sampling the episode's next turn."""
+
+    def advance(self) -> list[Episode]:
+        """One engine step; the episodes whose turn ended in it, each turn applied (it may end the episode)."""
+
+    def abort(self) -> None:
+        """Stop sampling every turn still in flight."""
 
 
 def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
@@ -118,13 +140,57 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
             future.cancel()
 
 
+def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: TurnQueue, pool: ThreadPoolExecutor,
+                     phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
+    """`as_ready` on an engine that batches continuously (the module docstring): turns submitted one at a time, the
+    engine stepped while any is in flight, environments answered between its steps.
+
+    Phase `generate` is the time inside engine steps and `environment` the time the loop waited for an environment
+    with no turn in flight, so their sum is the engine's busy plus idle time, as in the other schedules.
+    """
+    should_stop = is_enough if is_enough is not None else (lambda: False)
+    position = {id(episode): row for row, episode in enumerate(episodes)}
+    ready = [e for e in episodes if not e.done]
+    stepping: dict[Future, Episode] = {}
+    try:
+        while ready or stepping or len(turns):
+            for episode in sorted(ready, key=lambda e: position[id(e)]):
+                turns.submit(episode)
+            ready = []
+            if len(turns):
+                with phases.phase("generate"):
+                    turned = turns.advance()
+                if turned and should_stop():  # turns cut by their budget may complete what was needed
+                    return
+                turned.sort(key=lambda e: position[id(e)])
+                stepping.update((pool.submit(actions.step, e), e) for e in turned if not e.done)
+                finished = [future for future in stepping if future.done()]  # no waiting while turns are in flight
+            elif stepping:
+                with phases.phase("environment"):
+                    finished, _ = wait(stepping, return_when=FIRST_COMPLETED)
+            else:
+                finished = []
+            for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
+                episode = stepping.pop(future)
+                actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
+                if not episode.done:
+                    ready.append(episode)
+                elif should_stop():
+                    return
+    finally:
+        turns.abort()
+        for future in stepping:  # after an error: steps not started yet never start
+            future.cancel()
+
+
 SCHEDULES: dict[str, Callable[..., None]] = {
     "lockstep": run_in_lockstep, "as_ready": run_as_ready}
 """The schedule of each `environment.schedule` value."""
 
 
 def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions, *, max_concurrent_steps: int,
-                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
+                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
+                 turns: TurnQueue | None = None) -> None:
     """Run every episode to its end under `schedule`, at most `max_concurrent_steps` environment steps at once, or
     until `is_enough` holds.
 
@@ -136,6 +202,8 @@ def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions
         phases: Gets the time spent sampling (`generate`) and waiting for environments (`environment`).
         is_enough: `as_ready` only: return once this holds; episodes not `done` then are abandoned, their
             running steps left to finish unwaited (the module docstring).
+        turns: `as_ready` only: the engine's continuous batching, which then samples the turns one request at a
+            time (`run_continuously`) instead of `actions.sample_turns`.
 
     Raises:
         EpisodeError: An environment raised; steps not started yet are dropped.
@@ -143,7 +211,10 @@ def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions
     pool = ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment")
     should_wait = True  # for the steps still running after an error, as a `with` block would
     try:
-        SCHEDULES[schedule](episodes, actions, pool, phases, is_enough)
+        if turns is not None and schedule == "as_ready":
+            run_continuously(episodes, actions, turns, pool, phases, is_enough)
+        else:
+            SCHEDULES[schedule](episodes, actions, pool, phases, is_enough)
         should_wait = all(episode.done for episode in episodes)  # not when episodes were abandoned
     finally:
         pool.shutdown(wait=should_wait, cancel_futures=True)

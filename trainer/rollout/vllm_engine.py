@@ -36,11 +36,12 @@ engine, as with `hf`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +220,25 @@ class VLLMEngine(RolloutEngine):
         ids = right_pad([list(c.token_ids) for c in completions], pad_token_id, torch.long)  # (B, R)
         logps = right_pad([sampled_logps(c) for c in completions], 0.0, torch.float32)  # (B, R)
         return SampledResponses(ids.to(prompt_ids.device), logps.to(prompt_ids.device))
+
+    @contextlib.contextmanager
+    def turn_stream(self, options: GenerationConfig, *, stop_token_ids: list[int],
+                    num_rows: int) -> Iterator[Any]:
+        """Turns batched continuously (`trainer.rollout.vllm_turns`), with the threads a `generate` call of
+        `num_rows` rows would take; turns still in flight at the end are aborted."""
+        from vllm.platforms import current_platform
+
+        from trainer.rollout.vllm_turns import TurnStream
+
+        self.wake_up()
+        stream = TurnStream(self.llm, options, stop_token_ids, self.adapter.request if self.adapter else None)
+        threads = sampling_threads(self.num_threads, num_rows)
+        try:
+            with cpu_threads(threads if current_platform.is_cpu() else None):
+                yield stream
+        finally:
+            stream.abort()
+            self.fall_asleep()
 
     def sync_from(self, policy: nn.Module) -> None:
         if self.adapter is not None:

@@ -44,14 +44,23 @@ def hang(seconds: float) -> str:
 
 class MarkedEchoEnvironment(EchoEnvironment):
     """`EchoEnvironment` that appends a line to the file AGENT_TEST_MARKER at every step (so a test can kill a
-    run in the middle of an episode)."""
+    run in the middle of an episode), and `start <prompt>` when an episode starts (so it can tell which prompts
+    each rollout ran)."""
+
+    def start(self, row):
+        super().start(row)
+        mark(f"start {row['prompt']}")
 
     def step(self, turn):
-        import os
-
-        with open(os.environ["AGENT_TEST_MARKER"], "a") as marker:
-            marker.write("step\n")
+        mark("step")
         return super().step(turn)
+
+
+def mark(line):
+    import os
+
+    with open(os.environ["AGENT_TEST_MARKER"], "a") as marker:
+        marker.write(line + "\n")
 
 
 def shorter_answers(prompt: str, completion: str, answer: str | None) -> float:

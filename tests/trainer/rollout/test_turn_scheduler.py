@@ -193,3 +193,74 @@ def test_over_sampling_needs_the_as_ready_schedule_and_a_count_of_at_least_zero(
     config = build_config("grpo", {**base, "environment": {"name": "scripted", "schedule": "as_ready",
                                                            "oversample_groups": 2}})
     assert config.environment.oversample_groups == 2
+
+
+# -- continuous batching (an engine with `turn_stream`: vllm, tested for real in tests/vllm) -------------------------
+
+
+class StepQueue:
+    """A `TurnQueue` whose turns each take a scripted number of engine steps (episode.turn_steps[turn]), as turns of
+    different lengths do; records each submission's (engine step, turns in flight)."""
+
+    def __init__(self):
+        self.steps, self.in_flight, self.submits, self.aborted = 0, {}, [], False
+
+    def __len__(self):
+        return len(self.in_flight)
+
+    def submit(self, episode):
+        self.submits.append((self.steps, len(self.in_flight)))
+        self.in_flight[id(episode)] = (episode, self.steps + episode.turn_steps[episode.turns])
+
+    def advance(self):
+        self.steps += 1
+        time.sleep(0.002)  # an engine step takes time, during which environments answer
+        ended = [episode for episode, due in self.in_flight.values() if due <= self.steps]
+        for episode in ended:
+            del self.in_flight[id(episode)]
+            episode.turns += 1
+        return ended
+
+    def abort(self):
+        self.aborted, self.in_flight = True, {}
+
+
+def scripted_episodes(turn_steps):
+    return [SimpleNamespace(done=False, turns=0, turn_steps=steps) for steps in turn_steps]
+
+
+def continuous_actions(fails=None):
+    def step(episode):
+        if episode is fails:
+            raise RuntimeError("environment failed")
+        return SimpleNamespace()
+
+    def append_observation(episode, observation):
+        episode.done = episode.turns == len(episode.turn_steps)
+
+    return EpisodeActions(lambda episodes: pytest.fail("a whole-batch call under continuous batching"), step,
+                          append_observation)
+
+
+def test_continuous_batching_submits_a_turn_while_others_are_sampled():
+    episodes = scripted_episodes([[1, 1, 1], [6], [3, 3]])  # the short turns end, answer and come back mid-flight
+    queue, phases = StepQueue(), PhaseTimer()
+    run_episodes("as_ready", episodes, continuous_actions(), max_concurrent_steps=3, phases=phases, turns=queue)
+    assert all(e.done and e.turns == len(e.turn_steps) for e in episodes)
+    assert queue.submits[:3] == [(0, 0), (0, 1), (0, 2)]  # the first turns together
+    assert any(step > 0 and in_flight > 0 for step, in_flight in queue.submits[3:]), queue.submits
+    assert phases.seconds["generate"] > 0
+
+
+def test_continuous_batching_stops_at_enough_and_after_an_error_with_the_turns_in_flight_aborted():
+    episodes = scripted_episodes([[1], [1], [50]])
+    queue = StepQueue()
+    run_episodes("as_ready", episodes, continuous_actions(), max_concurrent_steps=3, phases=PhaseTimer(),
+                 is_enough=lambda: episodes[0].done and episodes[1].done, turns=queue)
+    assert queue.aborted and not episodes[2].done and queue.steps < 50
+
+    episodes, queue = scripted_episodes([[1, 1], [50]]), StepQueue()
+    with pytest.raises(RuntimeError, match="environment failed"):
+        run_episodes("as_ready", episodes, continuous_actions(fails=episodes[0]), max_concurrent_steps=2,
+                     phases=PhaseTimer(), turns=queue)
+    assert queue.aborted
