@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 
 import yaml
 
@@ -93,13 +93,43 @@ def termination_grace_seconds(config: dict, cluster: ClusterOptions) -> int:
 
 
 def stage_spec(stage: str, config_uri: str, run_id: str, task: str, cluster: ClusterOptions, *,
-               config: dict | None = None) -> JobSpec:
-    """What decides a stage's job, whatever its kind; `config` (the stage config) sets the pods' grace period."""
+               config: dict | None = None, initializer: dict | None = None) -> JobSpec:
+    """What decides a stage's job, whatever its kind; `config` (the stage config) sets the pods' grace period, and
+    `initializer` is a TrainJob's `spec.initializer` (`stage_initializers`)."""
     shared = {option.name: getattr(cluster, option.name) for option in POD_OPTIONS if option.in_job_spec}
     shared["termination_grace_period_seconds"] = termination_grace_seconds(config or {}, cluster)
     return JobSpec(**shared, name=derive_job_name(run_id, task), stage=stage, config_uri=config_uri, image=cluster.image,
                    secret_env=_secret_env(cluster), env={"ALIGNFLOW_PIPELINE_RUN_ID": run_id, **cluster.env},
-                   labels={"alignflow/run": run_label(run_id)})
+                   labels={"alignflow/run": run_label(run_id)}, initializer=initializer)
+
+
+def stage_initializers(config: dict, cluster: ClusterOptions, job_kind: str) -> tuple[dict, dict | None]:
+    """The stage config the job reads, and its TrainJob's `spec.initializer` (None: the trainer reads s3:// itself).
+
+    With `cluster.initializers` (ALIGNFLOW_INITIALIZERS) and a TrainJob, `model.path` and `data.*` are fetched once
+    by Kubeflow Trainer's initializers and the config names their copies (kinds/trainjob/initializers.py); otherwise
+    the config is returned as it is.
+
+    Args:
+        config: The stage config; it is not changed.
+        cluster: Where the job runs (its `initializers` setting, and the S3 endpoint and region of its `env`).
+        job_kind: `TrainJob`, `PyTorchJob`, or `local` (processes on this machine).
+
+    Raises:
+        ConfigError: An hf:// value the job cannot honour, naming its key.
+    """
+    from components.launcher.kinds.trainjob.initializers import hf_problems, plan_initializers
+
+    fetched = bool(cluster.initializers) and job_kind == "TrainJob"
+    why_not = ("local mode runs no initializers" if job_kind == "local" else
+               "ALIGNFLOW_INITIALIZERS is off" if not cluster.initializers else f"a {job_kind} runs no initializers")
+    problems = hf_problems(config, model_fetched=fetched, why_not=why_not)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if not fetched:
+        return config, None
+    s3_env = {"ENDPOINT": cluster.env.get("AWS_ENDPOINT_URL", ""), "REGION": cluster.env.get("AWS_DEFAULT_REGION", "")}
+    return plan_initializers(config, is_file=lambda uri: get_storage(uri).exists(uri), s3_env=s3_env)
 
 
 def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: str, run_id: str, task: str,
@@ -121,6 +151,7 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
     if cluster.mode == "local":
         from components.launcher.local.runner import run_local
 
+        stage_initializers(config, cluster, "local")  # refuses what only initializers could read
         manifest = build_pytorchjob(spec)
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         run_local(manifest, timeout=cluster.timeout_seconds, log=print)
@@ -132,6 +163,11 @@ def run_stage_job(stage: str, config: dict, *, model_uri: str | None, job_root: 
         kind = choose_job_kind(api_client, spec.namespace, cluster.job_kind, cluster.trainer_runtime)
         launcher = KubernetesLauncher(api_client, kind=kind, poll_seconds=cluster.poll_seconds,
                                       pending_timeout_seconds=cluster.pending_timeout_seconds)
+        config, initializer = stage_initializers(config, cluster, kind.kind)
+        if initializer:
+            logger.info("Kubeflow Trainer's initializers fetch %s into /workspace",
+                        ", ".join(f"{step} {entry['storageUri']}" for step, entry in initializer.items()))
+            spec = replace(spec, initializer=initializer)
         request = kind.build(spec)
         storage.write_bytes(config_uri, yaml.safe_dump(config, sort_keys=False).encode())
         launcher.run(request, timeout=cluster.timeout_seconds)

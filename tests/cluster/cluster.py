@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.apiserver import KUBEFLOW_TRAINER, TRAINING_OPERATOR, ApiServer
+from tests.cluster.initializers import STANDIN_IMAGES
 from tests.cluster.kubelet import Kubelet, record_event, set_condition
 from tests.cluster.sandbox import ImageRoot
 from tests.cluster.scheduler import choose_node, pod_requests
@@ -77,6 +78,7 @@ class Cluster:
         self.kubelet = Kubelet(self.store, workdir / "pods", self.api.port, self.ca_pem, self.issue_token, images)
         self.kubelet.image_users = dict(image_users or {})
         self.kubelet.image_roots = dict(image_roots or {})
+        self.kubelet.image_envs = dict(STANDIN_IMAGES)  # Kubeflow Trainer's initializer images (initializers.py)
         self.api.log_source = self.kubelet.log
         self.operator = TrainingOperator(self.store, self.kubelet)
         self.trainer = TrainerController(self.store, self.kubelet)

@@ -12,15 +12,18 @@ a CrashLoopBackOff back-off that starts at 1 s instead of the kubelet's 10 s and
 then SIGKILL after the grace period) when the pod is deleted. A SIGKILL reaches every descendant of the
 container's process, as a runtime kills a container's cgroup (`kill_container` plays a node loss).
 
-Secret volumes mounted under the pod's own `/run` (`/var/run/...`) get the Secret's keys as files (or
-the volume's `items`), read-only; a Secret that does not exist keeps the pod ContainerCreating with
-the kubelet's FailedMount event, unless the volume is optional. A pod's `hostname` (and its
+Secret volumes mounted under the pod's own `/run` (`/var/run/...`) get the Secret's keys as files (`volumes.py`);
+a Secret that does not exist keeps the pod ContainerCreating with the kubelet's FailedMount event, unless the volume
+is optional. A pod's `hostname` (and its
 `subdomain`, as a Job's indexed pods have) is the container's hostname. A deleted pod that still has
 finalizers (a Job's pods: `batch.kubernetes.io/job-tracking`) keeps its final status, Failed with its
 container's exit code (143 after SIGTERM), until the controller that owns it removes them.
 
+A `persistentVolumeClaim` volume is a folder of this machine per claim (`volumes.py`). An image the cluster stands in for (`image_envs`: a
+prefix -> environment, e.g. the PYTHONPATH of a stand-in program) gets that environment under the container's.
+
 One container per pod (the first); init containers, probes and volumes other than the service
-account and Secrets are not emulated (an emptyDir at /dev/shm is this machine's /dev/shm).
+account, Secrets and claims are not emulated (an emptyDir at /dev/shm is this machine's /dev/shm).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from tests.cluster.projected import ProjectedVolumeError, mount_projected_volumes
 from tests.cluster.sandbox import ImageRoot, PodFilesystem
 from tests.cluster.store import NotFound, Store, now_rfc3339
+from tests.cluster.volumes import VolumeError, claim_volumes, mount_secret_volumes, secret_data
 
 logger = logging.getLogger(__name__)
 IMAGE_PATH = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -114,7 +118,7 @@ def resolve_env(store: Store, pod: dict, container: dict) -> dict[str, str]:
         for kind, ref in (("secrets", source.get("secretRef")), ("configmaps", source.get("configMapRef"))):
             if ref:
                 obj = lookup(kind, ref["name"], ref.get("optional", False)) or {}
-                for key, value in _data(kind, obj).items():
+                for key, value in secret_data(kind, obj).items():
                     env[source.get("prefix", "") + key] = value
     for item in container.get("env") or []:
         if "value" in item or "valueFrom" not in item:
@@ -125,7 +129,7 @@ def resolve_env(store: Store, pod: dict, container: dict) -> dict[str, str]:
             if ref_key in source:
                 ref = source[ref_key]
                 obj = lookup(kind, ref["name"], ref.get("optional", False))
-                data = _data(kind, obj) if obj is not None else {}
+                data = secret_data(kind, obj) if obj is not None else {}
                 if ref["key"] not in data:
                     if ref.get("optional") or obj is None:
                         break
@@ -135,15 +139,6 @@ def resolve_env(store: Store, pod: dict, container: dict) -> dict[str, str]:
         if "fieldRef" in source:
             env[item["name"]] = _field_value(pod, source["fieldRef"]["fieldPath"])
     return env
-
-
-def _data(kind: str, obj: dict) -> dict[str, str]:
-    import base64
-
-    if kind == "secrets":
-        decoded = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-        return {**decoded, **(obj.get("stringData") or {})}
-    return dict(obj.get("data") or {})
 
 
 def _field_value(pod: dict, path: str) -> str:
@@ -158,37 +153,6 @@ def _field_value(pod: dict, path: str) -> str:
         if path.startswith(f"metadata.{field_name}['"):
             return (meta.get(field_name) or {}).get(path[len(f"metadata.{field_name}['"):-2], "")
     raise ConfigError(f"fieldRef {path} is not emulated")
-
-
-class VolumeError(Exception):
-    """A volume cannot be set up yet (FailedMount): the pod stays ContainerCreating."""
-
-
-def mount_secret_volumes(store: Store, pod: dict, container: dict, fs: PodFilesystem) -> None:
-    """Write the files of every Secret volume the container mounts. Raises VolumeError (a missing Secret)."""
-    volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes") or []}
-    for mount in container.get("volumeMounts") or []:
-        source = volumes.get(mount["name"], {}).get("secret")
-        if source is None:
-            continue
-        try:
-            secret = _data("secrets", store.get("secrets", pod["metadata"]["namespace"], source["secretName"]))
-        except NotFound:
-            if source.get("optional"):
-                continue
-            raise VolumeError(f'MountVolume.SetUp failed for volume "{mount["name"]}" : secret '
-                              f'"{source["secretName"]}" not found') from None
-        items = source.get("items") or [{"key": key, "path": key} for key in secret]
-        folder = fs.host_path(mount["mountPath"])
-        folder.mkdir(parents=True, exist_ok=True)
-        for item in items:
-            if item["key"] not in secret:
-                if source.get("optional"):
-                    continue
-                raise VolumeError(f'MountVolume.SetUp failed for volume "{mount["name"]}" : references non-existent '
-                                  f'secret key: {item["key"]}')
-            (folder / item["path"]).write_text(secret[item["key"]])
-            os.chmod(folder / item["path"], 0o644)
 
 
 class Kubelet:
@@ -206,6 +170,8 @@ class Kubelet:
         self.image_users: dict[str, tuple[int, int, str]] = {}
         # image -> its built filesystem and config (`make test-images`); other images run on this machine's root
         self.image_roots: dict[str, ImageRoot] = {}
+        # image prefix -> environment of an image the cluster stands in for (a stand-in program's PYTHONPATH)
+        self.image_envs: dict[str, dict[str, str]] = {}
         self.runtimes: dict[tuple[str, str], Runtime] = {}
         self.removed: dict[tuple[str, str], Runtime] = {}  # runtimes of deleted pods, for their logs
         self.hooks: dict[tuple[str, str], PodHooks] = {}
@@ -249,8 +215,10 @@ class Kubelet:
         if runtime is None:
             image = self.image_roots.get(pod["spec"]["containers"][0].get("image", ""))
             hostname = pod["spec"].get("hostname") or key[1]
+            volumes, read_only = claim_volumes(pod, self.pods_dir / "claims")
             runtime = self.runtimes[key] = Runtime(PodFilesystem(self.pods_dir / f"{key[0]}_{key[1]}",
-                                                                 self.hosts.get(key), hostname=hostname, image=image),
+                                                                 self.hosts.get(key), hostname=hostname, image=image,
+                                                                 volumes=volumes, read_only=read_only),
                                                    ContainerLog())
         if runtime.process is None:
             if time.monotonic() >= runtime.restart_at:
@@ -347,9 +315,12 @@ class Kubelet:
         self._set_status(key, "Running", {"running": {"startedAt": runtime.started_at}}, ready=True)
 
     def image_env(self, image: str) -> dict[str, str]:
-        """The environment an image gives its containers (a built image's ENV; else this machine's PATH)."""
-        return dict(self.image_roots[image].env) if image in self.image_roots else {"PATH": IMAGE_PATH,
-                                                                                      "LANG": "C.UTF-8"}
+        """The environment an image gives its containers (a built image's ENV; else this machine's PATH, and a
+        stood-in image's own variables)."""
+        if image in self.image_roots:
+            return dict(self.image_roots[image].env)
+        own = next((env for prefix, env in self.image_envs.items() if image.startswith(prefix)), {})
+        return {"PATH": IMAGE_PATH, "LANG": "C.UTF-8", **own}
 
     def _user(self, pod: dict, container: dict) -> tuple[int, int, str]:
         """(uid, gid, HOME): the image's user unless the pod or container securityContext says otherwise."""

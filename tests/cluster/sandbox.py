@@ -89,6 +89,7 @@ done
 fi
 for name in $POD_DIRS; do mkdir -p "$root/$name"; mount --bind "$pod/fs/$name" "$root/$name"; done
 for volume in $VOLUMES; do mkdir -p "$root${volume#*=}"; mount --bind "${volume%%=*}" "$root${volume#*=}"; done
+for path in $READ_ONLY; do mount -o remount,bind,ro "$root$path"; done
 mount --bind "$pod/hosts" "$root/etc/hosts"
 if [ -n "$POD_HOSTNAME" ]; then hostname "$POD_HOSTNAME"; fi
 for path in $HOST_BINDS; do mkdir -p "$root$path"; mount --rbind "$path" "$root$path"; done
@@ -146,11 +147,13 @@ class PodFilesystem:
     """The host-side folders of one pod, and the command line that runs a container in them."""
 
     def __init__(self, base: Path, hosts: dict[str, str] | None = None, hostname: str = "",
-                 image: ImageRoot | None = None, volumes: dict[str, Path] | None = None) -> None:
+                 image: ImageRoot | None = None, volumes: dict[str, Path] | None = None,
+                 read_only: set[str] | frozenset[str] = frozenset()) -> None:
         self.base = base
         self.hostname = hostname
         self.image = image
         self.volumes = dict(volumes or {})  # mount path in the pod -> a folder on this machine (a PVC, say)
+        self.read_only = set(read_only)  # mount paths of `volumes` mounted read-only (`readOnly: true`)
         self.uid, self.gid = 0, 0
         for name in POD_DIRS:
             (base / "fs" / name).mkdir(parents=True, exist_ok=True)
@@ -248,7 +251,8 @@ class PodFilesystem:
         outer_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "POD_DIRS": " ".join(POD_DIRS), "WORKDIR": WORKDIR,
                      "RUN_AS": f"{self.uid}:{self.gid}", "HOST_BINDS": " ".join(HOST_BINDS),
                      "POD_HOSTNAME": self.hostname, "IMAGE_ROOT": "",
-                     "VOLUMES": " ".join(f"{host}={path}" for path, host in self.volumes.items())}
+                     "VOLUMES": " ".join(f"{host}={path}" for path, host in self.volumes.items()),
+                     "READ_ONLY": " ".join(sorted(self.read_only))}
         if self.image:  # the image holds the project, the venv and Python: nothing of this machine's is bound
             outer_env.update(POD_DIRS=" ".join(IMAGE_POD_DIRS), WORKDIR=self.image.workdir, HOST_BINDS="",
                              IMAGE_ROOT=str(self.image.path))

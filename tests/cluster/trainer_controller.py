@@ -29,10 +29,16 @@ Reconciling a TrainJob (`sync`, every 0.1 s):
   pods still running when it ends are stopped;
 - a deleted TrainJob's pods go (garbage collection, by the `jobset-uid` label).
 
+Kubeflow Trainer's dataset and model initializers (`initializers.py`): each initializer job of the runtime is one
+pod (`<job>-<step>-0-0-<suffix>`, its job's `backoffLimit` counting its failures; past it the Job fails
+BackoffLimitExceeded, which the JobSet's failurePolicy handles like any Job's), built as Trainer's builder builds it
+from `spec.initializer`, with the JobSet's claims as volumes; the trainer job starts once every job in its
+`dependsOn` is Complete; a JobSet restart runs them again (the claim keeps what they fetched). `status.jobsStatus`
+lists them before the trainer job, as JobSet lists its replicated jobs.
+
 What differs, forced by sharing this machine's network as in `training_operator.py`: each TrainJob's
-master port (PET_MASTER_PORT) is a free port of this machine, not 29500. Only the trainer job runs
-(dataset and model initializers are not emulated), and a JobSet restart always waits for the old
-pods to be gone (`BlockingRecreate`).
+master port (PET_MASTER_PORT) is a free port of this machine, not 29500. A JobSet restart always waits for the old
+pods to be gone (`BlockingRecreate`); `dependsOn` waits for Complete whatever status it names.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from tests.cluster.initializers import admission_problems, apply_initializer, claim_volumes, step_of
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.store import NotFound, Store, now_rfc3339
 from tests.cluster.trainer_merge import TORCH_ENV, apply_trainer, merged_jobset_spec, trainer_job
@@ -65,6 +72,9 @@ class JobSetState:
     pods: dict[int, str] = field(default_factory=dict)  # completion index -> current pod
     succeeded: set[int] = field(default_factory=set)
     recreating: bool = False  # the previous attempt's pods are being deleted
+    steps: dict[str, str] = field(default_factory=dict)  # initializer job -> its current pod
+    steps_done: set[str] = field(default_factory=set)  # initializer jobs Complete in this attempt
+    step_failures: dict[str, int] = field(default_factory=dict)  # initializer job -> failed pods this attempt
 
 
 def _seconds_since(stamp: str) -> float:
@@ -109,7 +119,7 @@ class TrainerController:
         if reserved:
             problems.append(f"spec.trainer.env: Invalid value: must not have reserved envs, invalid envs configured: "
                             f"{reserved}")
-        return problems + self._patch_problems(trainjob, runtime)
+        return problems + admission_problems(trainjob, runtime) + self._patch_problems(trainjob, runtime)
 
     @staticmethod
     def _patch_problems(trainjob: dict, runtime: dict) -> list[str]:
@@ -169,7 +179,7 @@ class TrainerController:
                     self._delete_pod(pod)
                 self._release(pod)
             if condition(job, "Failed"):
-                self._set_jobs_status(job, state, [], 1, failed=True)
+                self._set_jobs_status(job, state, [], 1, [], failed=True)
             return
         if spec.get("suspend"):
             self._set_condition(job, "Suspended", "True", "Suspended", "TrainJob is suspended")
@@ -181,25 +191,84 @@ class TrainerController:
         runtime = self.runtime_of(job)
         jobset = merged_jobset_spec(runtime, job)
         num_nodes = (spec.get("trainer") or {}).get("numNodes") or runtime["spec"].get("mlPolicy", {}).get("numNodes", 1)
-        outcome = self._follow_job(job, jobset, state, pods, num_nodes)
+        steps = [rjob["name"] for rjob in jobset["replicatedJobs"] if step_of(rjob)]
+        if state.recreating:  # the previous attempt's pods end (and are let go) before the next attempt starts
+            for pod in pods:
+                self._release(pod)
+            if pods:
+                self._set_jobs_status(job, state, pods, num_nodes, steps)
+                return
+            state.recreating = False
+        trainer_name = trainer_job(jobset)["name"]
+        outcome = self._follow_initializers(job, jobset, state, [p for p in pods if self._job_of(p) != trainer_name])
+        waits_for = {dependency["name"] for dependency in trainer_job(jobset).get("dependsOn") or []}
+        if outcome is None and waits_for <= state.steps_done:
+            outcome = self._follow_job(job, jobset, state, [p for p in pods if self._job_of(p) == trainer_name],
+                                       num_nodes)
         if outcome is not None:
             self._jobset_failed(job, jobset, state, pods, *outcome)
         elif len(state.succeeded) == num_nodes:
             self._set_condition(job, "Complete", "True", "AllJobsCompleted", "jobset completed successfully")
-        self._set_jobs_status(job, state, pods, num_nodes)
+        self._set_jobs_status(job, state, pods, num_nodes, steps)
+
+    @staticmethod
+    def _job_of(pod: dict) -> str:
+        return pod["metadata"]["labels"][f"{JOBSET}/replicatedjob-name"]
+
+    # ---- the initializers' Jobs: one pod each, backoffLimit
+
+    def _follow_initializers(self, job: dict, jobset: dict, state: JobSetState,
+                             pods: list[dict]) -> tuple[str, str] | None:
+        """Create each initializer job's pod, count ended ones; (reason, message) when one's Job fails."""
+        jobs = {rjob["name"]: rjob for rjob in jobset["replicatedJobs"] if step_of(rjob)}
+        for pod in pods:
+            labels = pod["metadata"]["labels"]
+            if pod["status"].get("phase") not in ("Succeeded", "Failed") or TRACKING_FINALIZER not in (
+                    pod["metadata"].get("finalizers") or []):
+                continue
+            self._release(pod)
+            step = self._job_of(pod)
+            if labels[f"{JOBSET}/restart-attempt"] != str(state.attempt) or step not in jobs:
+                continue
+            state.steps.pop(step, None)
+            if pod["status"]["phase"] == "Succeeded":
+                state.steps_done.add(step)
+                continue
+            state.step_failures[step] = state.step_failures.get(step, 0) + 1
+            if state.step_failures[step] > int(jobs[step]["template"]["spec"].get("backoffLimit", 6)):
+                return "BackoffLimitExceeded", f"Job {job['metadata']['name']}-{step}-0 has reached the specified " \
+                                               "backoff limit"
+        for step, rjob in jobs.items():
+            if step not in state.steps_done and step not in state.steps:
+                state.steps[step] = self._create_step_pod(job, jobset, rjob, state)
+        return None
+
+    def _create_step_pod(self, job: dict, jobset: dict, rjob: dict, state: JobSetState) -> str:
+        meta, step = job["metadata"], rjob["name"]
+        hostname = f"{meta['name']}-{step}-0-0"
+        pod_name = f"{hostname}-{secrets.token_hex(3)[:5]}"
+        template = apply_initializer(rjob, job)
+        labels = {**(template.get("metadata") or {}).get("labels", {}), f"{JOBSET}/jobset-name": meta["name"],
+                  f"{JOBSET}/jobset-uid": meta["uid"], f"{JOBSET}/replicatedjob-name": step, f"{JOBSET}/job-index": "0",
+                  f"{JOBSET}/restart-attempt": str(state.attempt), COMPLETION_INDEX: "0",
+                  "batch.kubernetes.io/job-name": f"{meta['name']}-{step}-0"}
+        spec = {**template["spec"], "hostname": hostname, "subdomain": meta["name"]}
+        spec["volumes"] = [*(spec.get("volumes") or []), *claim_volumes(jobset, meta["name"])]
+        spec["restartPolicy"] = spec.get("restartPolicy") or "Never"
+        self.store.create("pods", {"metadata": {"name": pod_name, "namespace": meta["namespace"], "labels": labels,
+                                                "annotations": {COMPLETION_INDEX: "0"},
+                                                "finalizers": [TRACKING_FINALIZER]},
+                                   "spec": spec, "status": {"phase": "Pending"}})
+        return pod_name
 
     # ---- the Job: pods by completion index, podFailurePolicy, backoffLimit
 
     def _follow_job(self, job: dict, jobset: dict, state: JobSetState, pods: list[dict],
                     num_nodes: int) -> tuple[str, str] | None:
         """Create missing pods, count ended ones; (reason, message) when the Job fails, else None."""
-        if state.recreating:  # the previous attempt's pods end (and are let go) before the next attempt starts
-            for pod in pods:
-                self._release(pod)
-            if pods:
-                return None
-            state.recreating = False
         template = apply_trainer(jobset, job, num_nodes, state.port)
+        template["spec"]["volumes"] = [*(template["spec"].get("volumes") or []),
+                                       *claim_volumes(jobset, job["metadata"]["name"])]
         job_spec = trainer_job(jobset)["template"]["spec"]
         for pod in pods:
             labels = pod["metadata"]["labels"]
@@ -296,6 +365,7 @@ class TrainerController:
                 return
             state.restarts += 1
         state.attempt, state.failures, state.pods, state.succeeded = state.attempt + 1, 0, {}, set()
+        state.steps, state.steps_done, state.step_failures = {}, set(), {}
         state.recreating = True
         for pod in pods:
             self._delete_pod(pod)
@@ -330,14 +400,22 @@ class TrainerController:
 
         self.store.mutate("trainjobs", job["metadata"]["namespace"], job["metadata"]["name"], change)
 
-    def _set_jobs_status(self, job: dict, state: JobSetState, pods: list[dict], num_nodes: int,
+    def _set_jobs_status(self, job: dict, state: JobSetState, pods: list[dict], num_nodes: int, steps: list[str],
                          failed: bool = False) -> None:
-        """`status.jobsStatus` of the trainer job (one Job: counts are 0 or 1, as JobSet counts child Jobs)."""
+        """`status.jobsStatus`: the initializer jobs (`steps`), then the trainer job (one Job each: counts are 0 or
+        1, as JobSet counts child Jobs)."""
         current = [p for p in pods if p["metadata"]["labels"][f"{JOBSET}/restart-attempt"] == str(state.attempt)]
-        running = sum(p["status"].get("phase") == "Running" for p in current)
+        statuses = []
+        for step in steps:
+            running = any(self._job_of(p) == step and p["status"].get("phase") == "Running" for p in current)
+            done = step in state.steps_done
+            statuses.append({"name": step, "ready": int(running), "succeeded": int(done), "failed": 0,
+                             "active": int(not done), "suspended": 0})
+        running = sum(self._job_of(p) == "node" and p["status"].get("phase") == "Running" for p in current)
         done = len(state.succeeded) == num_nodes and not failed
-        status = {"name": "node", "ready": int(running + len(state.succeeded) >= num_nodes and not done and not failed),
-                  "succeeded": int(done), "failed": int(failed), "active": int(not done and not failed),
-                  "suspended": 0}
+        statuses.append({"name": "node",
+                         "ready": int(running + len(state.succeeded) >= num_nodes and not done and not failed),
+                         "succeeded": int(done), "failed": int(failed), "active": int(not done and not failed),
+                         "suspended": 0})
         self.store.mutate("trainjobs", job["metadata"]["namespace"], job["metadata"]["name"],
-                          lambda j: j.setdefault("status", {}).update(jobsStatus=[status]))
+                          lambda j: j.setdefault("status", {}).update(jobsStatus=statuses))

@@ -121,3 +121,55 @@ def test_the_v2_4_name_limit_is_checked():
     runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] = "node-with-a-long-name"  # 21 characters
     [problem] = trainer_v24_problems(runtime)
     assert "replicatedJobs[0].name" in problem and "longer than 20 characters" in problem
+
+
+@pytest.mark.parametrize("release", TRAINER_RELEASES)
+def test_initializers_add_trainers_model_and_dataset_steps_with_a_shared_volume(release):
+    """Off by default (they need the initializer images); on, the runtime has Trainer's `model-initializer` and
+    `dataset-initializer` jobs (ancestor-step labels, container names as Trainer's builder looks them up), a
+    claim per JobSet mounted at /workspace, and the nodes depend on both."""
+    [plain] = runtimes({})
+    assert [job["name"] for job in plain["spec"]["template"]["spec"]["replicatedJobs"]] == ["node"]
+    assert one(render({}), "ConfigMap")["data"]["ALIGNFLOW_INITIALIZERS"] == "false"
+    values = {"training": {"initializers": {"enabled": True}}}
+    [runtime] = runtimes(values)
+    assert one(render(values), "ConfigMap")["data"]["ALIGNFLOW_INITIALIZERS"] == "true"
+    jobset = runtime["spec"]["template"]["spec"]
+    [claim] = jobset["volumeClaimPolicies"][0]["templates"]
+    assert claim["metadata"]["name"] == "initializer"
+    jobs = {job["name"]: job for job in jobset["replicatedJobs"]}
+    assert list(jobs) == ["dataset-initializer", "model-initializer", "node"]
+    for step in ("dataset-initializer", "model-initializer"):
+        assert jobs[step]["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == step
+        [container] = jobs[step]["template"]["spec"]["template"]["spec"]["containers"]
+        assert container["name"] == step and container["image"].startswith(f"ghcr.io/kubeflow/trainer/{step}:")
+        assert container["volumeMounts"] == [{"name": "initializer", "mountPath": "/workspace"}]
+    assert jobs["node"]["dependsOn"] == [{"name": "dataset-initializer", "status": "Complete"},
+                                         {"name": "model-initializer", "status": "Complete"}]
+    [node] = jobs["node"]["template"]["spec"]["template"]["spec"]["containers"]
+    assert node["volumeMounts"] == [{"name": "initializer", "mountPath": "/workspace", "readOnly": True}]
+    plural = "trainingruntimes.trainer.kubeflow.org"
+    assert problems(plural, runtime, TRAINER_RELEASES[release]) == []
+    assert trainer_v24_problems(runtime) == []
+
+
+def test_the_initializers_get_the_s3_endpoint_and_credentials_under_the_names_they_read():
+    """Trainer's S3 initializers read ENDPOINT, REGION, ACCESS_KEY_ID and SECRET_ACCESS_KEY; the chart's S3 Secret
+    holds AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, so the runtime maps them (never values in the manifest), and
+    a step the TrainJob gives no STORAGE_URI completes instead of failing the JobSet."""
+    values = {"training": {"initializers": {"enabled": True}},
+              "s3": {"endpoint": "http://minio.kubeflow:9000", "region": "eu-west-1", "credentialsSecret": "s3-keys"}}
+    [runtime] = runtimes(values)
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"][:2]:
+        [container] = job["template"]["spec"]["template"]["spec"]["containers"]
+        step = container["name"].removesuffix("-initializer")
+        env = {item["name"]: item.get("value") or item["valueFrom"]["secretKeyRef"] for item in container["env"]}
+        assert env == {"HF_HOME": "/tmp/huggingface", "ENDPOINT": "http://minio.kubeflow:9000", "REGION": "eu-west-1",
+                       "ACCESS_KEY_ID": {"name": "s3-keys", "key": "AWS_ACCESS_KEY_ID"},
+                       "SECRET_ACCESS_KEY": {"name": "s3-keys", "key": "AWS_SECRET_ACCESS_KEY"}}
+        assert container["command"][:2] == ["/bin/sh", "-c"]
+        assert container["command"][2].endswith(f"exec python -m pkg.initializers.{step}")  # the image's ENTRYPOINT
+    [runtime] = runtimes({"training": {"initializers": {"enabled": True}}})  # no Secret (IRSA), AWS's endpoint
+    [container] = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"]
+    assert [item["name"] for item in container["env"]] == ["HF_HOME", "REGION"]

@@ -124,6 +124,9 @@ def check_spec(spec: JobSpec, stages: tuple[str, ...], *, kind: str = "PyTorchJo
     _check_names(spec, stages, problems)
     for check in (_check_counts, _check_resources, _check_placement, _check_env):
         check(spec, problems)
+    if spec.initializer and kind != "TrainJob":
+        problems.append("initializer: only a TrainJob's runtime runs Kubeflow Trainer's model and dataset "
+                        "initializers; a PyTorchJob's trainer reads s3:// itself")
     problems += extra or []
     if problems:
         raise LaunchError(f"{kind} {spec.name!r}: " + "; ".join(problems))

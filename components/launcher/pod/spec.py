@@ -57,6 +57,9 @@ class JobFields:
     extra_args: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     """Labels of the job and of its pods."""
+    initializer: dict | None = None
+    """TrainJob only: its `spec.initializer`, what Kubeflow Trainer's model and dataset initializers fetch
+    (`kinds/trainjob/initializers.py`); a PyTorchJob refuses one."""
 
 
 # Everything that decides one stage's job, whatever its kind (`kinds/pytorchjob/manifest.py`,

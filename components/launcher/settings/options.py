@@ -45,7 +45,7 @@ PLATFORM = "platform"
 # (a whole number of seconds stays an int, which `float` admits). An option whose default is None may also be None.
 KIND_TYPES: dict[str, Any] = {
     "text": str, "job_kind": str, "quantity": str, "count": int, "count0": int, "nproc": int | str, "seconds": float,
-    "object": dict[str, Any], "list": list[dict[str, Any]],
+    "object": dict[str, Any], "list": list[dict[str, Any]], "flag": bool,
 }
 
 
@@ -100,6 +100,11 @@ POD_OPTIONS: tuple[PodOption, ...] = (
               "the cluster serves it, see kinds/choice.py).", "ALIGNFLOW_JOB_KIND", PLATFORM, in_job_spec=False),
     PodOption("trainer_runtime", "text", "torch-distributed", "The TrainingRuntime or ClusterTrainingRuntime a "
               "TrainJob references (the chart's own by default).", "ALIGNFLOW_TRAINER_RUNTIME", PLATFORM,
+              in_job_spec=False),
+    PodOption("initializers", "flag", False, "Whether a TrainJob's `model.path` and `data.*` (hf:// or s3://) are "
+              "fetched once by Kubeflow Trainer's model and dataset initializers into the runtime's shared volume "
+              "(kinds/trainjob/initializers.py); the chart's `training.initializers.enabled`. Off, and for a "
+              "PyTorchJob: the trainer reads s3:// itself, and hf:// is refused.", "ALIGNFLOW_INITIALIZERS", PLATFORM,
               in_job_spec=False),
     PodOption("num_nodes", "count", 1, "Pods; more than one runs an elastic PyTorchJob of Worker replicas (c10d "
               "rendezvous), or a TrainJob of that many nodes (static rendezvous on node 0)."),

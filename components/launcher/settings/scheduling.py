@@ -28,7 +28,8 @@ JOB_KIND_SETTINGS = ("auto", "trainjob", "pytorchjob")
 EXPECTED = {"object": "a JSON object", "list": "a JSON list of objects", "text": "a string",
             "quantity": "a Kubernetes quantity such as '8', '500m' or '16Gi'",
             "seconds": "a positive number of seconds", "count": "an integer >= 1", "count0": "an integer >= 0",
-            "nproc": "'auto' or an integer >= 1", "job_kind": "one of auto, trainjob, pytorchjob"}
+            "nproc": "'auto' or an integer >= 1", "job_kind": "one of auto, trainjob, pytorchjob",
+            "flag": "true or false"}
 
 
 def check_job_kind(setting: str, where: str = "ALIGNFLOW_JOB_KIND (ConfigMap key)") -> str:
@@ -58,6 +59,8 @@ def check_value(value: Any, kind: str, where: str) -> Any:
         value = str(value)
     elif kind in ("count", "count0", "nproc"):
         ok, value = _check_count(value, kind)
+    elif kind == "flag":
+        ok, value = _check_flag(value)
     elif kind == "job_kind":
         ok, value = True, check_job_kind(str(value), where)  # raises naming `where`
     else:  # seconds
@@ -82,6 +85,15 @@ def _check_count(value: Any, kind: str) -> tuple[bool, Any]:
         return False, value
     ok = not isinstance(value, bool) and number == float(value) and number >= (0 if kind == "count0" else 1)
     return ok, number if ok else value
+
+
+def _check_flag(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, bool):
+        return True, value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return True, text == "true"
+    return False, value
 
 
 def options_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ says nothing about why a job failed or waits. The TrainJob itself says all the l
   Workload is admitted); the reason is the Workload's (`kueue.x-k8s.io` Workload whose `job-uid` label is the
   TrainJob's uid, condition QuotaReserved=False: "couldn't assign flavors ... insufficient quota"), read once per
   change of the TrainJob and only where the account may (the chart grants it with `scheduling.kueueQueue`);
-- `status.jobsStatus`: a ready trainer job is Running; none ready after Running is a JobSet restart;
+- `status.jobsStatus`: a ready trainer job (`node`) is Running; none ready after Running is a JobSet restart
+  (the initializers' jobs come and go before it);
 - `status.trainerStatus` (Trainer v2.2+, KEP-2779): the progress rank 0 reports, logged when it changes;
 - `metadata.resourceVersion`: whether anything changed since the last poll, so the launcher lists pods only then.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from components.launcher.kinds.interface import JobDeleted, JobFollower, JobState
 from components.launcher.kinds.trainjob.api import GROUP, PLURAL, VERSION
+from components.launcher.kinds.trainjob.request import NODE
 from components.launcher.shared.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ def phase_of(job: dict, previous: str | None) -> tuple[str, str]:
         if queue:
             return "Queued", f"queued by Kueue in queue {queue}, waiting for quota"
         return "Suspended", (conditions.get("Suspended") or {}).get("message", "")
-    if any(status.get("ready") for status in (job.get("status") or {}).get("jobsStatus") or []):
+    # Only the trainer's job counts: an initializer job that was ready and has completed is no restart.
+    if any(status.get("ready") and status.get("name") == NODE for status in (job.get("status") or {}).get("jobsStatus")
+           or []):
         return "Running", ""
     return ("Restarting" if previous in ("Running", "Restarting") else "Created"), ""
 

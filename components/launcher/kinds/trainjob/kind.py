@@ -2,7 +2,7 @@
 
 The Kubeflow SDK (`kubeflow.trainer.TrainerClient`, Kubernetes backend) does the work it can:
 `get_runtime` resolves the runtime (the namespace's TrainingRuntime, else the ClusterTrainingRuntime
-of that name), `train` creates the TrainJob (`request.py` builds its trainer and options),
+of that name), `train` creates the TrainJob (`request.py` builds its trainer, options and initializer),
 `get_job_logs` gives the trainer's last lines for a failed task, and `delete_job` deletes it.
 
 What the SDK cannot do, done here (each with the Kubernetes client the SDK itself uses):
@@ -176,7 +176,8 @@ class TrainJobKind(JobKind):
         runtime = self.resolve_runtime(retry)
         while True:
             try:
-                self.client.train(runtime=runtime, trainer=request.trainer, options=request.options)
+                self.client.train(runtime=runtime, initializer=request.initializer, trainer=request.trainer,
+                                  options=request.options)
             except (RuntimeError, TimeoutError, ValueError) as err:
                 failure = api_failure(err)
                 if status_of(err) == 409:

@@ -18,6 +18,7 @@ the chart's TrainingRuntime). Everything a PyTorchJob pod gets reaches the Train
 | job labels, Kueue queue label | TrainJob labels (`Labels`) |
 | `runPolicy.activeDeadlineSeconds` | `spec.activeDeadlineSeconds` (`ActiveDeadlineSeconds`) |
 | priority class, no service-account token, restart and failure policy | the runtime (the chart renders them from the same values) |
+| (the trainer reads s3:// itself) | with ALIGNFLOW_INITIALIZERS: `spec.initializer` (the SDK's `Initializer`, `initializers.py`) |
 
 Where the SDK falls short, and what is done instead:
 - `CustomTrainerContainer.env` takes plain strings only, and Kubeflow Trainer's webhook refuses env in
@@ -43,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from components.launcher.kinds.trainjob.initializers import sdk_initializer
 from components.launcher.pod.checks import check_spec
 from components.launcher.pod.mlflow_token import mlflow_token_mounts, mlflow_token_volumes
 from components.launcher.pod.spec import STAGES, job_labels
@@ -81,6 +83,8 @@ class TrainJobRequest:
     trainer: Any
     """A `kubeflow.trainer.CustomTrainerContainer`."""
     options: list = field(default_factory=list)
+    initializer: Any = None
+    """A `kubeflow.trainer.Initializer` (what Trainer's model and dataset initializers fetch), or None."""
 
 
 @dataclass
@@ -182,4 +186,5 @@ def build_trainjob_request(spec: JobSpec) -> TrainJobRequest:
                PodFields({"terminationGracePeriodSeconds": spec.termination_grace_period_seconds, **own_fields})]
     if spec.active_deadline_seconds is not None:
         options.append(ActiveDeadlineSeconds(spec.active_deadline_seconds))
-    return TrainJobRequest(spec.namespace, spec.name, trainer, options)
+    initializer = sdk_initializer(spec.initializer) if spec.initializer else None
+    return TrainJobRequest(spec.namespace, spec.name, trainer, options, initializer)

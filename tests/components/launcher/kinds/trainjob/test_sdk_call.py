@@ -22,7 +22,7 @@ def options_of(arguments: dict) -> dict[str, object]:
 
 def test_the_arguments_run_the_stage_as_a_component_would_under_the_given_name():
     arguments = stage_trainjob_arguments("sft", "s3://bucket/sft.yaml", CLUSTER, name="my-sft")
-    assert set(arguments) == {"trainer", "options"}
+    assert set(arguments) == {"trainer", "options", "initializer"} and arguments["initializer"] is None
     options = options_of(arguments)
     assert options["Name"].name == "my-sft"
     assert options["TrainerCommand"].command == ["python", "-m", "trainer.launch", "--nproc-per-node", "2", "-m",
@@ -50,3 +50,17 @@ def test_invalid_job_values_fail_before_anything_is_created():
                              env={"PET_NNODES": "2"})
     with pytest.raises(LaunchError, match="env PET_NNODES is set by Kubeflow Trainer's torch plugin"):
         stage_trainjob_arguments("sft", "s3://bucket/sft.yaml", cluster, name="my-sft")
+
+
+def test_the_initializers_plan_reaches_the_trainjob():
+    """With the platform's initializers, `stage_initializers` gives the config to upload and the initializer to
+    pass on (docs/kubeflow.md, "Initializers")."""
+    from components.launcher.stage_job import stage_initializers
+
+    cluster = ClusterOptions(**{**{name: getattr(CLUSTER, name) for name in CLUSTER.__slots__}, "initializers": True})
+    config, initializer = stage_initializers({"model": {"path": "hf://org/tiny"}, "data": {"train_path": "/d.jsonl"}},
+                                             cluster, "TrainJob")
+    assert config["model"]["path"] == "/workspace/model"
+    arguments = stage_trainjob_arguments("dpo", "s3://bucket/dpo.yaml", cluster, name="my-dpo",
+                                         initializer=initializer)
+    assert arguments["initializer"].model.storage_uri == "hf://org/tiny" and arguments["initializer"].dataset is None
