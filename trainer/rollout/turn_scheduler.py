@@ -31,7 +31,8 @@ Over-sampling (`environment.oversample_groups`): `as_ready` may be given `is_eno
 call and every answer; once it holds the schedule returns with the other episodes still running. Their steps not
 started are cancelled and those running are left to finish on their pool threads, unwaited, their answers dropped
 (until they end they run beyond `max_concurrent_steps`, next to the following rollout's). Lockstep takes no
-`is_enough`: a turn waits for every episode anyway. Left out: carrying episodes across weight versions.
+`is_enough`: a turn waits for every episode anyway. The asynchronous explorer carries the episodes still running on
+to its next rollout instead (`StepCarry`: the pool and the steps in flight outlive the rollout).
 """
 
 from __future__ import annotations
@@ -103,17 +104,21 @@ def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: Thre
 
 
 def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
-                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
+                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
+                 stepping: dict[Future, Episode] | None = None) -> None:
     """Each episode's next turn as soon as its observation is ready (the module docstring).
 
     Phase `environment` is the time the loop waited for an environment with no episode to sample, so
     `generate` plus `environment` is the engine's busy plus idle time, as under lockstep. With `is_enough`, returns
-    as soon as it holds (checked after each generate call and each answer), the other episodes abandoned.
+    as soon as it holds (checked after each generate call and each answer), the other episodes left as they are.
+    `stepping` (in and out): environment steps already running (carried from an earlier rollout, `StepCarry`); on
+    return it holds the steps still running.
     """
     should_stop = is_enough if is_enough is not None else (lambda: False)
     position = {id(episode): row for row, episode in enumerate(episodes)}
-    ready = [e for e in episodes if not e.done]
-    stepping: dict[Future, Episode] = {}
+    stepping = {} if stepping is None else stepping
+    waiting = {id(e) for e in stepping.values()}
+    ready = [e for e in episodes if not e.done and id(e) not in waiting]
     try:
         while ready or stepping:
             if ready:
@@ -135,23 +140,27 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
                     ready.append(episode)
                 elif should_stop():
                     return
-    finally:
-        for future in stepping:  # after an error: steps not started yet never start
-            future.cancel()
+    except BaseException:
+        cancel(stepping)
+        raise
 
 
 def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: TurnQueue, pool: ThreadPoolExecutor,
-                     phases: PhaseTimer, is_enough: Callable[[], bool] | None = None) -> None:
+                     phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
+                     stepping: dict[Future, Episode] | None = None) -> None:
     """`as_ready` on an engine that batches continuously (the module docstring): turns submitted one at a time, the
     engine stepped while any is in flight, environments answered between its steps.
 
     Phase `generate` is the time inside engine steps and `environment` the time the loop waited for an environment
     with no turn in flight, so their sum is the engine's busy plus idle time, as in the other schedules.
+    `is_enough` and `stepping` as in `run_as_ready`; turns still in flight on return are aborted (their episodes
+    sample that turn again if they are carried on).
     """
     should_stop = is_enough if is_enough is not None else (lambda: False)
     position = {id(episode): row for row, episode in enumerate(episodes)}
-    ready = [e for e in episodes if not e.done]
-    stepping: dict[Future, Episode] = {}
+    stepping = {} if stepping is None else stepping
+    waiting = {id(e) for e in stepping.values()}
+    ready = [e for e in episodes if not e.done and id(e) not in waiting]
     try:
         while ready or stepping or len(turns):
             for episode in sorted(ready, key=lambda e: position[id(e)]):
@@ -177,20 +186,48 @@ def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: Tu
                     ready.append(episode)
                 elif should_stop():
                     return
+    except BaseException:
+        cancel(stepping)
+        raise
     finally:
         turns.abort()
-        for future in stepping:  # after an error: steps not started yet never start
+
+
+def cancel(stepping: dict[Future, Episode]) -> None:
+    """Steps not started yet never start (after an error, or for episodes abandoned); running ones finish unwaited."""
+    for future in stepping:
+        future.cancel()
+
+
+class StepCarry:
+    """Environment steps that outlive a rollout, for episodes carried on to the next (the asynchronous explorer,
+    `MultiTurnRollout.collect`'s `carry`): one thread pool for every rollout, and the steps still running when a
+    rollout returned, which the next one waits for as it would for its own.
+
+    Args:
+        max_concurrent_steps: Threads of the pool.
+    """
+
+    def __init__(self, max_concurrent_steps: int) -> None:
+        self.pool = ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment")
+        self.stepping: dict[Future, Episode] = {}
+
+    def drop(self, episodes: list[Episode]) -> None:
+        """Stop waiting for these episodes' steps (not started: cancelled; running: left to finish unwaited)."""
+        gone = {id(e) for e in episodes}
+        for future in [f for f, e in self.stepping.items() if id(e) in gone]:
             future.cancel()
+            del self.stepping[future]
 
-
-SCHEDULES: dict[str, Callable[..., None]] = {
-    "lockstep": run_in_lockstep, "as_ready": run_as_ready}
-"""The schedule of each `environment.schedule` value."""
+    def close(self) -> None:
+        cancel(self.stepping)
+        self.stepping.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions, *, max_concurrent_steps: int,
                  phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
-                 turns: TurnQueue | None = None) -> None:
+                 turns: TurnQueue | None = None, carry: StepCarry | None = None) -> None:
     """Run every episode to its end under `schedule`, at most `max_concurrent_steps` environment steps at once, or
     until `is_enough` holds.
 
@@ -201,20 +238,31 @@ def run_episodes(schedule: str, episodes: list[Episode], actions: EpisodeActions
         max_concurrent_steps: Threads of the pool that runs environment steps (and so their tool calls).
         phases: Gets the time spent sampling (`generate`) and waiting for environments (`environment`).
         is_enough: `as_ready` only: return once this holds; episodes not `done` then are abandoned, their
-            running steps left to finish unwaited (the module docstring).
+            running steps left to finish unwaited (the module docstring), unless `carry` keeps them.
         turns: `as_ready` only: the engine's continuous batching, which then samples the turns one request at a
             time (`run_continuously`) instead of `actions.sample_turns`.
+        carry: `as_ready` only: run on its pool, start by waiting for its steps still running (episodes carried
+            from an earlier rollout, which must be among `episodes`), and leave in it the steps still running
+            when `is_enough` held, instead of abandoning them.
 
     Raises:
         EpisodeError: An environment raised; steps not started yet are dropped.
     """
-    pool = ThreadPoolExecutor(max_concurrent_steps, thread_name_prefix="environment")
+    if carry is not None and schedule != "as_ready":
+        raise ValueError("carrying episodes between rollouts needs the as_ready schedule")
+    pool = carry.pool if carry is not None else ThreadPoolExecutor(max_concurrent_steps,
+                                                                   thread_name_prefix="environment")
+    stepping = carry.stepping if carry is not None else {}
     should_wait = True  # for the steps still running after an error, as a `with` block would
     try:
         if turns is not None and schedule == "as_ready":
-            run_continuously(episodes, actions, turns, pool, phases, is_enough)
+            run_continuously(episodes, actions, turns, pool, phases, is_enough, stepping)
+        elif schedule == "as_ready":
+            run_as_ready(episodes, actions, pool, phases, is_enough, stepping)
         else:
-            SCHEDULES[schedule](episodes, actions, pool, phases, is_enough)
+            run_in_lockstep(episodes, actions, pool, phases, is_enough)
         should_wait = all(episode.done for episode in episodes)  # not when episodes were abandoned
     finally:
-        pool.shutdown(wait=should_wait, cancel_futures=True)
+        if carry is None:
+            cancel(stepping)  # the abandoned episodes' steps
+            pool.shutdown(wait=should_wait, cancel_futures=True)

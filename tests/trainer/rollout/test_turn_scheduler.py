@@ -156,9 +156,12 @@ def test_over_sampling_returns_the_complete_groups_without_waiting_for_the_slow_
     assert "steps" in prompt_rows[2]
 
 
-def test_over_sampling_without_a_long_tail_keeps_the_first_complete_groups_in_row_order(setup):
-    rollout, _ = run(setup, "as_ready", rows(6, turns=1), groups={"group_size": 2, "num_groups": 2})
-    assert rollout.prompts == [str(row["prompt"]) for row in rows(4)]  # all complete at once: the first two groups
+def test_over_sampling_keeps_the_complete_groups_in_row_order_whatever_order_they_completed_in(setup):
+    # Group 1 completes first, then group 0; group 2 last. (Steps that end together may be seen in any order, so
+    # the order of completion is set by the sleeps, with margins far above a step's own time.)
+    sleeps = [[0.15], [0.15], [0.0], [0.0], [0.6], [0.6]]
+    rollout, _ = run(setup, "as_ready", rows(6, turns=1, sleeps=sleeps), groups={"group_size": 2, "num_groups": 2})
+    assert rollout.prompts == [str(row["prompt"]) for row in rows(4)]
     assert rollout.metrics["agent/abandoned_episodes"] == 2.0
 
 
