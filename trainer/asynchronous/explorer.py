@@ -19,7 +19,16 @@ computes), which the trainer needs to correct for staleness (`trainer.asynchrono
 the engine's own where it returns them (`vllm`, so the correction also covers the engine's
 numerical difference from the trainer), else a forward of the explorer's policy (`hf`).
 Weights come from the weights directory, or from an in-process `Synchronizer` when the explorer
-is a thread of the trainer's process. Responses are sampled and scored by the stage's `Rollout`
+is a thread of the trainer's process.
+
+Multi-turn episodes with over-sampling (`environment.oversample_groups`): the groups still running when a batch
+has its `rollout_batch_size` complete groups carry over to the next batch, under the next weights, instead of being
+dropped (`trainer.rollout.multi_turn.EpisodeCarry`). They run ahead of the next batch's new prompts, each keeps the
+version it started under, and the batch records the oldest version among its rows; a carried group that would make
+its batch older than `asynchronous.max_staleness` when the trainer takes it (batch n at trainer version n - 1) is
+dropped. Their tokens' behaviour log-probs are those of the weights that sampled them: vLLM's own, or with `hf` a
+forward of the explorer's policy over the carried episodes before it loads newer weights. Carried episodes live in
+the explorer's memory: a restarted explorer starts without them (their prompts consumed, as dropped groups' are). Responses are sampled and scored by the stage's `Rollout`
 (`trainer.rollout.builder.build_rollout`, through `rollout.engine`), synced to each newly loaded version.
 """
 
@@ -44,6 +53,7 @@ from trainer.rewards.weighted import build_weighted_scorer
 from trainer.rollout.builder import build_agent, build_rollout
 from trainer.rollout.engines import engine_setup
 from trainer.rollout.experience import Experience
+from trainer.rollout.multi_turn import EpisodeCarry
 from trainer.runtime import pick_device, read_distributed_env
 from trainer.tracking.timing import PhaseTimer
 
@@ -90,6 +100,8 @@ class Explorer:
         self.num_extra = num_extra_groups(config)  # over-sampled prompts per batch, abandoned groups' included
         self.repeat = config.num_generations
         self.synchronizer = synchronizer
+        # Over-sampled episodes: the groups still running when a batch is complete go on in the next one.
+        self.carry = EpisodeCarry(agent.max_concurrent_steps) if agent is not None and self.num_extra else None
 
     def wait_for_version(self, minimum: int) -> int:
         """Block until weight version >= `minimum` is published; the newest version."""
@@ -118,20 +130,38 @@ class Explorer:
         self.prompts.restore(taken // len(self.rows), taken % len(self.rows))
 
     @torch.no_grad()
-    def make_batch(self) -> Experience:
-        """Sample and score one batch; record its weight version and its behaviour log-probs."""
+    def make_batch(self, number: int | None = None) -> Experience:
+        """Sample and score batch `number` (1-based; it bounds the age of carried episodes, None: no bound); record
+        its weight version (the oldest that sampled a row) and its behaviour log-probs."""
         rows = [row for row in self.prompts.take(self.batch_size + self.num_extra) for _ in range(self.repeat)]
         self.timer.reset()
-        if self.num_extra:  # the first `batch_size` groups to complete; the others' episodes are dropped
+        if self.carry is not None:  # the first `batch_size` groups to complete; the others go on in the next batch
+            self.carry.version = self.version
+            self.carry.oldest_version = (number - 1 - self.options.staleness_limit if number is not None
+                                         else -(2**62))
+            scored = self.rollout.collect(rows, self.timer, group_size=self.repeat, num_groups=self.batch_size,
+                                          carry=self.carry)
+        elif self.num_extra:  # the first `batch_size` groups to complete; the others' episodes are dropped
             scored = self.rollout.collect(rows, self.timer, group_size=self.repeat, num_groups=self.batch_size)
         else:
             scored = self.rollout.collect(rows, self.timer)
         behaviour_logps = scored.engine_logps  # (B, T) the sampler's own, where the engine gives them (vllm)
-        if behaviour_logps is None:
-            behaviour_logps = response_logps(self.policy, scored.batch) * scored.batch["action_mask"]  # (B, T)
+        if behaviour_logps is None or scored.engine_logps_known is not None:
+            computed = response_logps(self.policy, scored.batch) * scored.batch["action_mask"]  # (B, T)
+            behaviour_logps = computed if behaviour_logps is None else torch.where(
+                scored.engine_logps_known, behaviour_logps, computed)  # carried tokens keep their older weights'
+        if self.carry is not None:  # before newer weights load: the carried tokens' log-probs under these
+            self.rollout.record_behaviour_logps(self.carry.episodes, lambda batch: response_logps(self.policy, batch))
+        version = scored.oldest_version if scored.oldest_version is not None else self.version
         # Multi-turn episodes' `agent/*` travel with the batch (JSON metadata in the buffer); the trainer logs them.
         return Experience(**{k: v.cpu() for k, v in scored.batch.items()}, scores=scored.scores.cpu(),
-                          behaviour_logps=behaviour_logps.cpu(), version=self.version, info=dict(scored.metrics))
+                          behaviour_logps=behaviour_logps.cpu(), version=version, info=dict(scored.metrics))
+
+    def close(self) -> None:
+        """Free the rollout's engine (a vLLM engine's memory and threads) and the carried episodes' threads."""
+        if self.carry is not None:
+            self.carry.close()
+        self.rollout.close()
 
     def run(self, num_batches: int | None = None) -> int:
         """Produce the batches after the buffer's last one up to `num_batches` (default `total_steps`),
@@ -161,7 +191,7 @@ class Explorer:
             self.refresh_weights(required_version(number - 1, self.options.sync_interval, self.options.sync_offset))
             # Each batch its own sampling stream: batch n is sampled alike however many restarts preceded it.
             seed_everything(self.config.train.seed + 1000 + number)
-            number = self.buffer.put(self.make_batch())
+            number = self.buffer.put(self.make_batch(number))
             written += 1
             logger.info("explorer wrote batch %d with weight version %d (generate %.2f s, score %.2f s)", number,
                         self.version, self.timer.seconds["generate"], self.timer.seconds["score"])

@@ -103,7 +103,7 @@ def run_explorer(config: OnlineStageConfig, num_batches: int | None = None) -> i
         try:
             return explorer.run(num_batches)
         finally:
-            explorer.rollout.close()  # a vLLM engine's memory and threads
+            explorer.close()  # a vLLM engine's memory and threads, the carried episodes' steps
     finally:
         preemption.uninstall()
         lease.release()

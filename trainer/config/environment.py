@@ -71,7 +71,9 @@ class EnvironmentConfig(Section):
         0, ge=0, description="Prompts sampled per rollout beyond `rollout_batch_size`, each a group of "
         "`num_generations` episodes (`as_ready` only). The rollout returns as soon as `rollout_batch_size` groups "
         "have every episode ended and trains on those; the other episodes are abandoned and their prompts count as "
-        "consumed (not retried, also after a resume). 0 waits for every episode. Evaluation runs every episode.",
+        "consumed (not retried, also after a resume). The asynchronous explorer carries them on to its next batch "
+        "instead, under the next weights, within `asynchronous.max_staleness`. 0 waits for every episode. "
+        "Evaluation runs every episode.",
     )
 
     @field_validator("oversample_groups")

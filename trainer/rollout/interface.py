@@ -41,6 +41,10 @@ class ScoredRollout:
     metrics: dict[str, float] = field(default_factory=dict)  # multi-turn episodes: `agent/*` (docs/agents.md)
     trajectories: list[str] | None = None  # multi-turn episodes rendered for reports; `responses` are last turns
     tool_calls: list[tuple[int, int]] | None = None  # multi-turn episodes: (tool calls, of which failed) per row
+    # (B, P + R) True where `engine_logps` holds the behaviour log-probs; None: wherever it is set. Partial only for
+    # episodes carried across weight versions with `hf` (`multi_turn.EpisodeCarry`): the caller computes the rest.
+    engine_logps_known: Tensor | None = None
+    oldest_version: int | None = None  # the oldest weight version that sampled a row (`EpisodeCarry`), else None
 
     def samples(self, count: int) -> list[dict]:
         """The first `count` (prompt, response, score) triples, for reports (a whole episode as its response)."""

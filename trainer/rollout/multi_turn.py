@@ -20,7 +20,8 @@ then); the engine's side (sampling turns, the batch) is `MultiTurnRollout`. Whic
 generate call, and when the environments answer, is the schedule (`environment.schedule`,
 `trainer.rollout.turn_scheduler`): all running episodes turn by turn (`lockstep`), or each episode as
 soon as its observation is ready (`as_ready`). Under `as_ready`, `collect(..., num_groups=N)` returns once N groups
-of consecutive rows have every episode ended and drops the rest (over-sampling, `environment.oversample_groups`).
+of consecutive rows have every episode ended and drops the rest (over-sampling, `environment.oversample_groups`), or,
+given an `EpisodeCarry` (the asynchronous explorer), keeps them running for the next collect under newer weights.
 
 The batch is laid out as a single-turn one: the prompt left-padded, everything after it
 right-padded, `action_mask` 1 on the model's sampled tokens only; `truncated` marks episodes cut
@@ -33,6 +34,7 @@ prefix cache holds the history itself (benchmarks/turn_cost.py).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -52,7 +54,7 @@ from trainer.rollout.episode_cache import EpisodeCache, carries_kv, sample_next_
 from trainer.rollout.interface import Rollout, ScoredRollout
 from trainer.rollout.scoring import Scorer
 from trainer.rollout.single_turn import left_pad, positions_from_mask, stop_token_ids
-from trainer.rollout.turn_scheduler import EpisodeActions, run_episodes
+from trainer.rollout.turn_scheduler import EpisodeActions, StepCarry, run_episodes
 from trainer.tracking.timing import PhaseTimer
 
 
@@ -79,11 +81,15 @@ class Episode:
     tool_seconds: float = 0.0
     done: bool = False
     truncated: bool = False
+    first_version: int = 0  # the weight version it started under (episodes carried across versions, EpisodeCarry)
+    known_logps: int = 0  # how many of `ids` lead with their final behaviour log-probs in `logps` (or are not model's)
     # With `hf`: the keys and values of the first `cache.num_tokens` tokens of prompt_ids + ids (every token but
     # those fed next turn); None before the first turn and once the episode ends (its memory freed then).
     cache: EpisodeCache | None = None
 
     def extend(self, ids: list[int], is_model: bool, logps: list[float] | None = None) -> None:
+        if self.known_logps == len(self.ids) and (logps is not None or not is_model):
+            self.known_logps += len(ids)
         self.ids += ids
         self.action += [int(is_model)] * len(ids)
         self.logps += logps if logps is not None else [0.0] * len(ids)
@@ -178,7 +184,7 @@ class MultiTurnRollout(Rollout):
 
     @torch.no_grad()
     def collect(self, rows: list[dict], timer: PhaseTimer | None = None, *, group_size: int = 1,
-                num_groups: int | None = None) -> ScoredRollout:
+                num_groups: int | None = None, carry: EpisodeCarry | None = None) -> ScoredRollout:
         """Run an episode per row and score them (`Rollout.collect`); with `num_groups`, only the first groups to
         complete.
 
@@ -188,14 +194,20 @@ class MultiTurnRollout(Rollout):
             num_groups: Return as soon as this many groups have every episode ended (`as_ready` only): the batch
                 holds those groups' rows in row order (where more completed at once, the first in row order), and
                 the other episodes are abandoned (`trainer.rollout.turn_scheduler`). None: every row.
+            carry: With `num_groups`: the groups an earlier collect left unfinished run first (ahead of `rows`, so
+                that the oldest complete first in row order), and this collect's unfinished groups are left in it
+                for the next, instead of abandoned (`EpisodeCarry`).
 
         Raises:
             ValueError: `rows` are not whole groups, or fewer than `num_groups` of them.
         """
         agent = self.agent
         stops = stop_token_ids(self.tokenizer, self.generation)
-        groups = CompleteGroups(len(rows), group_size, num_groups)
-        episodes = [agent.start(row) for row in rows]
+        carried = carry.take(group_size) if carry is not None else []
+        episodes = carried + [agent.start(row) for row in rows]
+        for episode in episodes[len(carried):]:
+            episode.first_version = carry.version if carry is not None else 0
+        groups = CompleteGroups(len(episodes), group_size, num_groups)
         phases = PhaseTimer()  # this rollout's own, for its `agent/*` metrics
         actions = EpisodeActions(partial(self.sample_turns, stops=stops), agent.step, agent.append_observation)
         streaming = self.engine.turn_stream(self.generation, stop_token_ids=stops, num_rows=len(rows)) \
@@ -203,10 +215,15 @@ class MultiTurnRollout(Rollout):
         with streaming or contextlib.nullcontext() as stream:
             run_episodes(agent.config.schedule, episodes, actions, max_concurrent_steps=agent.max_concurrent_steps,
                          phases=phases, is_enough=partial(groups.is_enough, episodes) if num_groups is not None else None,
-                         turns=StreamedTurns(self, stream, episodes, stops) if stream is not None else None)
+                         turns=StreamedTurns(self, stream, episodes, stops) if stream is not None else None,
+                         carry=carry.steps if carry is not None else None)
         for episode in episodes:
-            episode.cache = None  # an abandoned episode's carried KV cache (an ended one has none)
-        episodes = [episodes[row] for row in groups.kept_rows(episodes)]
+            episode.cache = None  # computed by these weights; an abandoned or carried episode re-reads its history
+        kept_rows = groups.kept_rows(episodes)
+        if carry is not None:
+            kept = set(kept_rows)
+            carry.keep([episode for row, episode in enumerate(episodes) if row not in kept])
+        episodes = [episodes[row] for row in kept_rows]
         batch, engine_logps = self.to_batch(episodes)
         prompts = [str(e.row["prompt"]) for e in episodes]
         finals = [e.last_turn for e in episodes]
@@ -218,10 +235,35 @@ class MultiTurnRollout(Rollout):
             timer.add(phases)
         timings = {"generate": phases.seconds["generate"], "environment": phases.seconds["environment"],
                    "tools": sum(e.tool_seconds for e in episodes)}
-        metrics = {**episode_metrics(episodes, timings), "agent/abandoned_episodes": float(len(rows) - len(episodes))}
+        metrics = episode_metrics(episodes, timings)
+        if carry is None:
+            metrics["agent/abandoned_episodes"] = float(len(rows) - len(episodes))
+        else:
+            metrics.update(carry.metrics(episodes))
         return ScoredRollout(batch, prompts, finals, scores, engine_logps, metrics=metrics,
                              trajectories=trajectories,
-                             tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes])
+                             tool_calls=[(e.num_tool_calls, e.num_tool_errors) for e in episodes],
+                             engine_logps_known=known_logps_mask(episodes, batch) if engine_logps is not None else None,
+                             oldest_version=min(e.first_version for e in episodes) if carry is not None else None)
+
+    def record_behaviour_logps(self, episodes: list[Episode], logps_of: Callable[[dict], torch.Tensor]) -> None:
+        """Give the tokens of `episodes` sampled so far the log-probs of the weights that sampled them, where the
+        engine gave none (`hf`): called on carried episodes before the weights change.
+
+        Args:
+            episodes: Episodes to be carried on (`EpisodeCarry.episodes`).
+            logps_of: (B, P + R) log-probs of a batch's tokens under the current weights (the explorer's policy).
+        """
+        pending = [e for e in episodes if e.known_logps < len(e.ids)]
+        if not pending:
+            return
+        batch, _ = self.to_batch(pending)
+        logps = logps_of(batch).float().cpu()
+        start = batch["input_ids"].shape[1] - max(len(e.ids) for e in pending)  # where the prompts end
+        for row, episode in enumerate(pending):
+            values = logps[row, start:start + len(episode.ids)].tolist()
+            episode.logps = [value if acted else 0.0 for value, acted in zip(values, episode.action)]
+            episode.known_logps = len(episode.ids)
 
     def sample_turns(self, active: list[Episode], *, stops: list[int]) -> None:
         """One model turn for every active episode, in one generate call."""
@@ -276,10 +318,76 @@ class MultiTurnRollout(Rollout):
                  "action_mask": torch.cat([torch.zeros_like(prompt_mask), action], dim=1).to(device),
                  "position_ids": positions_from_mask(attention_mask).to(device),
                  "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device)}
-        if not any(e.logps and any(e.logps) for e in episodes):
+        if not any(e.known_logps for e in episodes):  # hf, nothing carried: the caller computes them
             return batch, None
         logps = torch.tensor([e.logps + [0.0] * (width - len(e.ids)) for e in episodes])
         return batch, torch.cat([torch.zeros_like(prompt_mask, dtype=torch.float32), logps], dim=1).to(device)
+
+
+def known_logps_mask(episodes: list[Episode], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """(B, P + R) True where the engine's log-probs are the behaviour log-probs (every token of an engine that gives
+    them, `vllm`; a carried episode's tokens before the weights changed, `hf`); None when that is every token."""
+    if all(e.known_logps == len(e.ids) for e in episodes):
+        return None
+    width = batch["input_ids"].shape[1]
+    start = width - max(len(e.ids) for e in episodes)
+    columns = torch.arange(width, device=batch["input_ids"].device)
+    known = torch.tensor([start + e.known_logps for e in episodes], device=columns.device)
+    return columns[None, :] < known[:, None]
+
+
+class EpisodeCarry:
+    """Groups an over-sampled rollout left unfinished, carried on to the next rollout under newer weights, for the
+    asynchronous explorer (`trainer.asynchronous.explorer`, docs/agents.md).
+
+    Each episode keeps the weight version it started under (`Episode.first_version`); a carried group older than
+    `oldest_version` when the next rollout starts is dropped (bounded staleness: the batch it would join would be
+    rejected), its steps left unwaited. An episode's KV cache is dropped when it is carried (the next turn re-reads
+    its history under the new weights), a turn vLLM was sampling is sampled again, and the log-probs of the tokens
+    sampled so far stay those of the weights that sampled them (vLLM's own; with `hf`, the explorer's
+    `record_behaviour_logps` before it loads the next weights), so the staleness correction weighs each token by the
+    weights that really sampled it.
+
+    Args:
+        max_concurrent_steps: Environment steps at once, on one pool for every rollout (`StepCarry`).
+
+    Attributes:
+        version: The weight version the next collect samples with (set by the caller).
+        oldest_version: Carried groups that started before this version are dropped at the next collect.
+        episodes: The carried groups' episodes, whole groups in row order.
+    """
+
+    def __init__(self, max_concurrent_steps: int) -> None:
+        self.steps = StepCarry(max_concurrent_steps)
+        self.version = 0
+        self.oldest_version = 0
+        self.episodes: list[Episode] = []
+        self.num_dropped = 0
+
+    def take(self, group_size: int) -> list[Episode]:
+        """The carried episodes young enough to go on (whole groups, row order); the rest dropped and counted."""
+        groups = [self.episodes[i:i + group_size] for i in range(0, len(self.episodes), group_size)]
+        fresh = [e for group in groups if group[0].first_version >= self.oldest_version for e in group]
+        stale = [e for group in groups if group[0].first_version < self.oldest_version for e in group]
+        self.steps.drop(stale)
+        self.num_dropped, self.episodes = len(stale), []
+        return fresh
+
+    def keep(self, episodes: list[Episode]) -> None:
+        """Carry these (whole groups, row order) on to the next collect."""
+        self.episodes = episodes
+
+    def metrics(self, kept: list[Episode]) -> dict[str, float]:
+        """`agent/carried_episodes` (rows of the batch that started under older weights), `agent/carried_over`
+        (episodes left for the next rollout), `agent/stale_episodes_dropped` (carried ones too old to go on)."""
+        return {"agent/carried_episodes": float(sum(e.first_version < self.version for e in kept)),
+                "agent/carried_over": float(len(self.episodes)),
+                "agent/stale_episodes_dropped": float(self.num_dropped),
+                "agent/abandoned_episodes": float(self.num_dropped)}
+
+    def close(self) -> None:
+        self.steps.close()
+        self.episodes = []
 
 
 class StreamedTurns:

@@ -125,10 +125,12 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
                 ready.sort(key=lambda e: position[id(e)])  # the same readiness gives the same generate call
                 with phases.phase("generate"):
                     actions.sample_turns(ready)
-                if should_stop():  # turns cut by their budget may complete what was needed
-                    return
+                # Every sampled turn is handed to its environment before returning: an episode carried on must not
+                # take another turn before its environment answered this one.
                 stepping.update((pool.submit(actions.step, e), e) for e in ready if not e.done)
                 ready = []
+                if should_stop():  # turns cut by their budget may complete what was needed
+                    return
             if not stepping:
                 continue
             with phases.phase("environment"):  # every step that finished during the call, or else the first to finish
@@ -169,10 +171,10 @@ def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: Tu
             if len(turns):
                 with phases.phase("generate"):
                     turned = turns.advance()
+                turned.sort(key=lambda e: position[id(e)])
+                stepping.update((pool.submit(actions.step, e), e) for e in turned if not e.done)  # as in run_as_ready
                 if turned and should_stop():  # turns cut by their budget may complete what was needed
                     return
-                turned.sort(key=lambda e: position[id(e)])
-                stepping.update((pool.submit(actions.step, e), e) for e in turned if not e.done)
                 finished = [future for future in stepping if future.done()]  # no waiting while turns are in flight
             elif stepping:
                 with phases.phase("environment"):

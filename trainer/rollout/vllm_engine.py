@@ -53,6 +53,7 @@ from trainer.config import GenerationConfig, LoraConfig, RolloutConfig
 from trainer.errors import ConfigError
 from trainer.rollout.engines import EngineSetup, RolloutEngine, SampledResponses, cpu_threads, sampling_threads
 from trainer.rollout.vllm_lora import AdapterPush, engine_lora_options, uses_adapter
+from trainer.rollout.vllm_sampling import sampled_logps, sampling_params
 from trainer.rollout.weight_stream import checkpoint_weights
 
 logger = logging.getLogger(__name__)
@@ -149,21 +150,6 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> list[tuple[list[in
         else:
             groups.append((tokens, 1))
     return groups
-
-
-def sampling_params(options: GenerationConfig, stop_token_ids: list[int], count: int, seed: int | None) -> Any:
-    """vLLM `SamplingParams` for `count` responses to one prompt; greedy when temperature is 0."""
-    from vllm import SamplingParams
-
-    sampling = {"temperature": 0.0} if options.temperature == 0 else {
-        "temperature": options.temperature, "top_p": options.top_p, "top_k": options.top_k or 0, "seed": seed}
-    return SamplingParams(n=count, max_tokens=options.max_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
-                          detokenize=False, **sampling)
-
-
-def sampled_logps(completion: Any) -> list[float]:
-    """The log-prob of each token `completion` sampled (vLLM returns a {token: Logprob} per position)."""
-    return [position[token].logprob for token, position in zip(completion.token_ids, completion.logprobs)]
 
 
 def right_pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> Tensor:

@@ -20,7 +20,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from trainer.config import GenerationConfig
-from trainer.rollout.vllm_engine import sampled_logps, sampling_params
+from trainer.rollout.vllm_sampling import sampled_logps, sampling_params
 
 _STREAM_IDS = itertools.count()  # request ids unique in the process: "turn-<stream>-<n>"
 

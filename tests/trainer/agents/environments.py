@@ -132,3 +132,17 @@ class OneStepAtATimeEnvironment(ScriptedEnvironment):
     """`ScriptedEnvironment` that lets only one of its episodes step at a time."""
 
     max_concurrent_steps = 1
+
+
+class GatedEnvironment(Environment):
+    """Two turns: answers `go on` to the first, ends at the second. A row whose prompt is a key of `GATES` waits at
+    its first step until that event is set (up to 20 s), so a test decides which episodes are still running."""
+
+    GATES: dict = {}
+
+    def step(self, turn):
+        self.turns = getattr(self, "turns", 0) + 1
+        gate = self.GATES.get(str(self.row["prompt"]))
+        if gate is not None and self.turns == 1:
+            gate.wait(20)
+        return Observation(messages=[{"role": "user", "content": "go on"}], done=self.turns == 2)
