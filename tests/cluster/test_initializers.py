@@ -8,7 +8,12 @@ its `initializer`. The emulated controller runs the runtime's `dataset-initializ
 first (a stand-in image fetching from the test's object store with the env Trainer's builder and the chart give
 them, tests/cluster/initializers.py), each into the JobSet's claim, and the trainer's node (which mounts the claim
 read-only at /workspace) once both are Complete. hf:// cannot be fetched here: it is tested at the manifest level
-(tests/components/launcher/kinds/trainjob/test_initializers.py). About 15 s each on 2 cores.
+(tests/components/launcher/kinds/trainjob/test_initializers.py). About 8 s each on 2 cores.
+
+The whole rlhf-dpo run on the Trainer cluster (test_pipeline_run.py) has the initializers on too and checks each
+stage's model initializer (SFT's Model artifact reaching DPO through it); this stage keeps what that run does not
+check: the dataset initializer fetching a data file and the config naming its copy, the exact `spec.initializer` of
+both steps, the claim's contents, and the fallback.
 """
 
 from __future__ import annotations
@@ -53,11 +58,13 @@ def request_log(store: ObjectStore, folder: Path) -> Path:
     return log
 
 
-def model_reads(moto_log: Path, offset: int) -> int:
-    """GETs of the base model's weights the object store answered since `offset` (its request log: moto.log)."""
+def weight_reads(moto_log: Path, model_uri: str, offset: int = 0) -> int:
+    """GETs of the weights of the model at `model_uri` (s3:// or minio://) the object store answered since `offset`
+    (its request log: moto.log)."""
+    bucket, key = ObjectStore.split(f"{model_uri.rstrip('/')}/{MODEL_FILE}")
     with moto_log.open() as handle:
         handle.seek(offset)
-        return sum(f'"GET /{DATA_BUCKET}/models/tiny/{MODEL_FILE} ' in line for line in handle)
+        return sum(f'"GET /{bucket}/{key} ' in line for line in handle)
 
 
 def logs(cluster: Cluster, job: str) -> dict[str, str]:
@@ -100,7 +107,7 @@ def test_a_dpo_stage_reads_its_base_model_through_the_model_initializer(initiali
         pods = logs(cluster, name)
         claim = cluster.kubelet.pods_dir / "claims" / f"{NAMESPACE}_initializer-{name}"
         assert cluster.errors == []
-    reads = model_reads(moto_log, offset)
+    reads = weight_reads(moto_log, tiny_inputs["base_model_uri"], offset)
 
     assert final["global_step"] == MAX_STEPS, final
     read = yaml.safe_load(store.client.get_object(Bucket=DATA_BUCKET, Key=store.split(f"{job_root}/dpo.yaml")[1])

@@ -5,12 +5,15 @@ stages' jobs are TrainJobs, created by the Kubeflow SDK) and one that serves onl
 Operator v1 (PyTorchJobs), each set up as a platform team would (the chart's ConfigMap, Role and, where
 Trainer runs, its TrainingRuntime; the S3 Secret; the pipeline compiled in the chart's upload Job
 environment), with the chart's `training.jobKind` left `auto`, and artifacts under a pipeline root in
-the object store. Each component runs as KFP runs it (the IR's command and args,
+the object store. The Trainer cluster's chart has `training.initializers.enabled`: each stage's base model (the
+run's parameter for SFT, SFT's Model artifact for DPO) is fetched by the runtime's model initializer into the
+JobSet's claim before the trainer's node starts, and the trainer loads it from /workspace/model; the PyTorchJob
+run's trainers read S3 themselves (the fallback). Each component runs as KFP runs it (the IR's command and args,
 `kfp.dsl.executor_main`, exactly the env the IR's kubernetes section declares, resolved from the
 Secret and ConfigMap in the API), creates its job through the Kubernetes API with its service account
 token, and each pod runs the job's command with the controller's env. The API answers the DPO stage's
 follow (a TrainJob's GET, a PyTorchJob's watch) with a 503 and drops one connection while its job
-runs. Nothing passes between pods but the object store. About 40 seconds a run on 2 cores.
+runs. Nothing passes between pods but the object store. About 40-50 seconds a run on 2 cores.
 """
 
 from __future__ import annotations
@@ -19,10 +22,20 @@ import json
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.cluster.apiserver import Fault
-from tests.cluster.conftest import KINDS, NAMESPACE, PIPELINE_ROOT, S3_SECRET, deployment, tiny_arguments
+from tests.cluster.conftest import (
+    KINDS,
+    NAMESPACE,
+    PIPELINE_ROOT,
+    S3_SECRET,
+    chart_values,
+    deployment,
+    tiny_arguments,
+)
 from tests.cluster.kfp_runner import ExecutionCache, ObjectStore
+from tests.cluster.test_initializers import MODEL_FILE, logs, request_log, weight_reads
 from tests.cluster.training_operator import condition_true
 from tests.integration.services import S3_ENV
 
@@ -35,6 +48,7 @@ KUBELET_ENV = {"HOME", "HOSTNAME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVIC
                "KUBERNETES_SERVICE_PORT_HTTPS", "KUBERNETES_PORT"}
 # How the launcher follows a job: the Kubeflow SDK reads a TrainJob (GET); a PyTorchJob is watched.
 FOLLOW_FAULTS = {"trainjob": (r"/trainjobs/[^/]+$", False), "pytorchjob": (r"/pytorchjobs$", True)}
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 CHOICE = {"trainjob": "job kind: TrainJob (ALIGNFLOW_JOB_KIND=auto: the API server serves trainer.kubeflow.org/"
                       "v1alpha1 trainjobs and runtime af-alignflow-torch exists)",
           "pytorchjob": "job kind: PyTorchJob (ALIGNFLOW_JOB_KIND=auto: the API server does not serve "
@@ -55,7 +69,10 @@ def prepared():
 @pytest.fixture(scope="module", params=["trainjob", "pytorchjob"])
 def dpo_run(request, sandbox, object_store, tracking_server, tiny_inputs, packages, prepared, tmp_path_factory):
     kind = KINDS[request.param]
-    with deployment(tmp_path_factory.mktemp("cluster"), packages, object_store, tracking_uri=tracking_server,
+    values = chart_values(object_store, tracking_server, kind.name)
+    if kind.name == "trainjob":  # Trainer's initializers fetch what the stages read; PyTorchJobs have none
+        values["training"]["initializers"] = {"enabled": True}
+    with deployment(tmp_path_factory.mktemp("cluster"), packages, object_store, values=values,
                     kind=kind.name) as platform:
         cluster = platform.cluster
         package = platform.package("rlhf-dpo")
@@ -74,6 +91,12 @@ def dpo_run(request, sandbox, object_store, tracking_server, tiny_inputs, packag
 
 def events(cluster, resource: str) -> list:
     return [event for event in cluster.store.history if event.resource == resource]
+
+
+def jobset_pods(cluster, jobset: str, change: str | None = None) -> list[dict]:
+    """Each recorded state of the pods of a TrainJob's JobSet, in order (only `change`s: ADDED, MODIFIED, DELETED)."""
+    return [e.object for e in events(cluster, "pods") if (change is None or e.type == change)
+            and e.object["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == jobset]
 
 
 def test_sft_then_dpo_run_through_the_object_store_alone(dpo_run, tmp_path):
@@ -152,10 +175,13 @@ def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environmen
         config_uri = trainer["command"][trainer["command"].index("--config") + 1]
         assert config_uri.startswith(f"{PIPELINE_ROOT}/rlhf-dpo/{run.run_id}/alignflow-jobs/{stage}/")
         assert job["spec"]["runtimeRef"] == {"name": "af-alignflow-torch", "kind": "TrainingRuntime"}
-        # One pod, one attempt: nothing failed and restarted along the way.
-        [pod] = [e.object for e in cluster.store.history if e.resource == "pods" and e.type == "ADDED"
-                 and e.object["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
-        assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
+        # One pod per replicated job (the initializers', the trainer's node), one attempt: nothing failed and
+        # restarted along the way.
+        created = {p["metadata"]["labels"][REPLICATED_JOB]: p for p in jobset_pods(cluster, name, "ADDED")}
+        assert len(created) == len(jobset_pods(cluster, name, "ADDED")), name
+        assert set(created) == {"dataset-initializer", "model-initializer", "node"}
+        assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in created.values()} == {"0"}
+        pod = created["node"]
         runtime = cluster.kubelet.runtime((NAMESPACE, pod["metadata"]["name"]))
         assert set(runtime.env) == {item["name"] for item in trainer["env"]} | TORCH_PLUGIN_ENV | KUBELET_ENV | \
             image_env(cluster, pod["spec"]["containers"][0]["image"])
@@ -169,6 +195,43 @@ def test_each_trainjob_ran_the_trainer_command_with_the_torch_plugins_environmen
         folder = runtime.fs.host_path(runtime.env["ALIGNFLOW_SECRET_ENV_DIRS"])
         assert (folder / "AWS_SECRET_ACCESS_KEY").read_text() == S3_ENV["AWS_SECRET_ACCESS_KEY"]
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & {item["name"] for item in trainer["env"]}
+
+
+@pytest.mark.parametrize("dpo_run", ["trainjob"], indirect=True)  # PyTorchJobs have no initializers
+def test_each_trainjob_reads_its_base_model_through_the_model_initializer(dpo_run, tiny_inputs, tmp_path_factory):
+    platform, run, results, kind = dpo_run
+    cluster = platform.cluster
+    store = ObjectStore(platform.endpoint, S3_ENV)
+    sft_model = results["train-sft"].artifacts["model"][0]["uri"]
+    base_models = {"sft": tiny_inputs["base_model_uri"], "dpo": sft_model}  # the parameter, then SFT's Model
+    s3_env = [{"name": "ENDPOINT", "value": platform.endpoint}, {"name": "REGION", "value": "us-east-1"}]
+    for job in kind.created(cluster):
+        name, stage = job["metadata"]["name"], job["metadata"]["labels"]["alignflow/stage"]
+        # KFP names the artifact minio:// (the pipeline root); the S3 initializer reads the same key as s3://.
+        fetched = "s3://" + base_models[stage].split("://", 1)[1]
+        initializer = job["spec"].get("initializer") or {}
+        assert initializer.get("model", {}).get("storageUri", "").rstrip("/") == fetched, (stage, initializer)
+        assert initializer["model"]["env"] == s3_env
+        # JobSet's dependsOn: the model initializer's pod succeeded before the trainer's node pod was created.
+        changes = jobset_pods(cluster, name)
+        done = next(i for i, p in enumerate(changes) if p["metadata"]["labels"][REPLICATED_JOB] == "model-initializer"
+                    and p["status"].get("phase") == "Succeeded")
+        node = next(i for i, p in enumerate(changes) if p["metadata"]["labels"][REPLICATED_JOB] == "node")
+        assert done < node, stage
+        pods = logs(cluster, name)
+        assert f"to /workspace/model/{MODEL_FILE}" in pods["model-initializer"], pods["model-initializer"]
+        # The trainer loaded its base model from the shared volume: the config it read (the launcher's, in the job
+        # root) names /workspace/model, and its log names no S3 location of the model.
+        command = job["spec"]["trainer"]["command"]
+        bucket, key = store.split(command[command.index("--config") + 1])
+        read = yaml.safe_load(store.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        assert read["model"]["path"] == "/workspace/model", stage
+        assert base_models[stage].split("://", 1)[1] not in pods["node"], stage
+    # The SFT model's weights were read by the KFP launcher into each component pod taking it as an input, and once
+    # by DPO's model initializer: never by DPO's trainer.
+    downloads = sum(f"from {sft_model} (" in result.log for result in results.values())
+    assert downloads >= 1
+    assert weight_reads(request_log(store, tmp_path_factory.getbasetemp()), sft_model) == downloads + 1
 
 
 def test_follow_errors_neither_delete_the_running_job_nor_fail_the_task(dpo_run):

@@ -1,7 +1,8 @@
 """Kubeflow Trainer's model and dataset initializers for a stage: `spec.initializer` and the rewritten config.
 
 Where the platform enables them (`training.initializers.enabled`, ALIGNFLOW_INITIALIZERS) and the job is a TrainJob,
-a stage config whose `model.path` is `hf://` or `s3://`, or whose `data.train_path`/`data.eval_path` is `s3://`, has
+a stage config whose `model.path` is `hf://`, `s3://` or `minio://` (KFP's artifacts under a MinIO pipeline root,
+read as `s3://` of the same store), or whose `data.train_path`/`data.eval_path` is `s3://` or `minio://`, has
 them fetched once, on CPU pods, by the runtime's `model-initializer` / `dataset-initializer` jobs into the shared
 volume the nodes mount at /workspace; the config then names the copies there (Trainer's `ModelMountPath`
 /workspace/model, `DatasetMountPath` /workspace/dataset). Trainer's JobSet builder gives each initializer container
@@ -33,7 +34,7 @@ from typing import Any
 
 MODEL_MOUNT = "/workspace/model"
 DATASET_MOUNT = "/workspace/dataset"
-MODEL_SCHEMES = ("hf://", "s3://")
+MODEL_SCHEMES = ("hf://", "s3://", "minio://")
 DATA_KEYS = ("train_path", "eval_path")
 
 
@@ -62,6 +63,12 @@ def hf_problems(config: dict, *, model_fetched: bool, why_not: str = "") -> list
             problems.append(f"{key} is {value!r}: only model.path may be hf:// (fetched by Kubeflow Trainer's model "
                             "initializer); upload it to S3")
     return problems
+
+
+def as_s3(uri: str) -> str:
+    """`uri` as the S3 initializers read it: KFP's `minio://bucket/key` (artifacts under a MinIO pipeline root) is
+    `s3://bucket/key` of the same store (the endpoint the initializers get is AWS_ENDPOINT_URL, MinIO's)."""
+    return "s3://" + uri[len("minio://"):] if uri.startswith("minio://") else uri
 
 
 def _strings(value: Any, key: str = "") -> list[tuple[str, str]]:
@@ -109,10 +116,11 @@ def plan_initializers(config: dict, *, is_file: Callable[[str], bool], s3_env: d
     model = config.get("model") or {}
     path = model.get("path")
     if isinstance(path, str) and path.startswith(MODEL_SCHEMES):
-        initializer["model"] = step(path.rstrip("/") + "/" if path.startswith("s3://") else path)
+        initializer["model"] = step(path if path.startswith("hf://") else as_s3(path).rstrip("/") + "/")
         model["path"] = MODEL_MOUNT
     data = config.get("data") or {}
-    paths = {key: data[key] for key in DATA_KEYS if isinstance(data.get(key), str) and data[key].startswith("s3://")}
+    paths = {key: as_s3(data[key]) for key in DATA_KEYS
+             if isinstance(data.get(key), str) and data[key].startswith(("s3://", "minio://"))}
     if paths:
         uri, rewritten = _dataset_plan(paths, is_file)
         initializer["dataset"] = step(uri)

@@ -35,6 +35,17 @@ def test_an_s3_model_and_its_data_are_fetched_by_the_initializers_and_read_from_
     assert config["model"]["path"] == "s3://models/tiny"  # the caller's config is left alone
 
 
+def test_kfp_minio_artifacts_are_fetched_as_s3_of_the_same_store():
+    # A pipeline root on KFP's MinIO hands stages `minio://bucket/key` artifacts (the SFT model, prepared data).
+    config = {"model": {"path": "minio://mlpipeline/v2/artifacts/rlhf-dpo/run/train-sft/model"},
+              "data": {"train_path": "minio://mlpipeline/v2/artifacts/rlhf-dpo/run/prepare-inputs/dpo_train"}}
+    rewritten, initializer = plan_initializers(config, is_file=lambda uri: False)
+    assert initializer == {"model": {"storageUri": "s3://mlpipeline/v2/artifacts/rlhf-dpo/run/train-sft/model/"},
+                           "dataset": {"storageUri": "s3://mlpipeline/v2/artifacts/rlhf-dpo/run/prepare-inputs/"
+                                                     "dpo_train/"}}
+    assert rewritten["model"]["path"] == "/workspace/model" and rewritten["data"]["train_path"] == "/workspace/dataset"
+
+
 @pytest.mark.parametrize(("data", "uri", "rewritten"), [
     # Files in two folders: the initializer fetches the training file, the trainer reads eval from S3 itself.
     ({"train_path": "s3://data/dpo/train.jsonl", "eval_path": "s3://data/other/eval.jsonl"}, "s3://data/dpo/train.jsonl",
