@@ -72,6 +72,10 @@ class EpisodeActions:
     append_observation: Callable[[Episode, Observation], None]
 
 
+# How long the as_ready loop keeps gathering answers after one came, before it samples (`gather_answers`).
+GATHER_SECONDS = 0.002
+
+
 class TurnQueue(Protocol):
     """An engine that batches continuously, seen from the schedule (`trainer.rollout.multi_turn.StreamedTurns`)."""
 
@@ -134,7 +138,7 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
             if not stepping:
                 continue
             with phases.phase("environment"):  # every step that finished during the call, or else the first to finish
-                finished, _ = wait(stepping, return_when=FIRST_COMPLETED)
+                finished = gather_answers(stepping)
             for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
                 episode = stepping.pop(future)
                 actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
@@ -145,6 +149,24 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
     except BaseException:
         cancel(stepping)
         raise
+
+
+def gather_answers(stepping: dict[Future, Episode]) -> set[Future]:
+    """The steps finished by now, or else the first to finish, with those that finish within `GATHER_SECONDS` of
+    the one before.
+
+    Fast tools (a calculator: microseconds) hand the pool's threads their steps one after another, and the first
+    answer wakes the loop before the rest have run: sampling at once would give a cascade of generate calls of a
+    row or two each, every one paying a call's fixed cost. Answers that come in quick succession join one call
+    instead; a slow tool's tail costs the loop at most `GATHER_SECONDS` per call.
+    """
+    finished, running = wait(stepping, return_when=FIRST_COMPLETED)
+    while running:
+        more, running = wait(running, timeout=GATHER_SECONDS, return_when=FIRST_COMPLETED)
+        if not more:
+            break
+        finished |= more
+    return finished
 
 
 def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: TurnQueue, pool: ThreadPoolExecutor,
