@@ -67,6 +67,7 @@ from trainer.algorithms.common import (
     scored_logits,
     sequence_logps,
 )
+from trainer.modeling.concurrent_forwards import can_run_concurrently, run_concurrently
 from trainer.modeling.shared_prompts import shared_prompt_logits, shares_prompts
 
 
@@ -278,9 +279,17 @@ class DPOObjective:
             return preference_logps(self.ref_model, batch, share_prompts=self.share_prompts)[0]
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        # The reference runs first: its forward's transient memory then never adds to the policy's saved activations.
-        reference = self.reference_logps(batch)  # (2B,)
-        logps, num_tokens = preference_logps(model, batch, share_prompts=self.share_prompts)  # (2B,), (2B,)
+        def policy() -> tuple[Tensor, Tensor]:
+            return preference_logps(model, batch, share_prompts=self.share_prompts)  # (2B,), (2B,)
+
+        live_reference = "ref_logps" not in batch and self.ref_model is not None and self.needs_reference
+        if live_reference and can_run_concurrently(model, self.ref_model, device=batch["input_ids"].device):
+            # CPU: the two forwards side by side, a thread each (trainer.modeling.concurrent_forwards).
+            reference, (logps, num_tokens) = run_concurrently(lambda: self.reference_logps(batch), policy)
+        else:
+            # The reference first: its forward's transient memory then never adds to the policy's saved activations.
+            reference = self.reference_logps(batch)  # (2B,)
+            logps, num_tokens = policy()
         pair = PairLogps(*logps.chunk(2), *reference.chunk(2), *num_tokens.clamp(min=1).chunk(2))  # (B,) each
         losses = sum(weight * pair_loss(name, pair, **self.options)
                      for name, weight in zip(self.loss_types, self.loss_weights))  # (B,)

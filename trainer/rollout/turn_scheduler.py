@@ -11,7 +11,8 @@ limits, what an observation appends, the batch) and hands it over as `EpisodeAct
 - `as_ready`: an episode asks for its next turn as soon as its observation is ready. The loop
   samples every episode that is ready in one generate call (the engine batches whatever is
   ready), hands each sampled turn's `step` to the thread pool at once, so tools run while the next
-  call samples, and waits for the first environment to finish only when no episode is ready. Which
+  call samples, and waits for the first environment to finish only when no episode is ready (and for the
+  answers that follow within `GATHER_SECONDS` of each other: `gather_answers`). Which
   episodes share a call depends on when tools finish, so with temperature sampling the random draws,
   and so the episodes, differ from run to run; greedy decoding with deterministic environments
   gives lockstep's episodes.
