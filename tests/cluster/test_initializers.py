@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
@@ -37,10 +36,10 @@ from tests.cluster.conftest import (
     install_platform,
 )
 from tests.cluster.kfp_runner import ObjectStore
+from tests.cluster.records import MODEL_FILE, logs, request_log, weight_reads
 from tests.integration.services import S3_ENV
 
 MAX_STEPS = 4
-MODEL_FILE = "model.safetensors"
 
 
 def stage_config(inputs: dict[str, str]) -> dict:
@@ -48,32 +47,6 @@ def stage_config(inputs: dict[str, str]) -> dict:
             "data": {"train_path": inputs["preference_train_uri"], "eval_path": None, "max_length": 32},
             "train": {"max_steps": MAX_STEPS, "micro_batch_size": 4, "log_interval": 1, "num_threads": 1},
             "tracking": {"backend": "none"}}
-
-
-def request_log(store: ObjectStore, folder: Path) -> Path:
-    """The request log of the `object_store` fixture's moto server (the one that logs a request of ours)."""
-    probe = f"probe-{uuid.uuid4().hex}"
-    store.client.put_object(Bucket=DATA_BUCKET, Key=probe, Body=b"")
-    [log] = [path for path in folder.glob("moto[0-9]*/moto.log") if probe in path.read_text()]
-    return log
-
-
-def weight_reads(moto_log: Path, model_uri: str, offset: int = 0) -> int:
-    """GETs of the weights of the model at `model_uri` (s3:// or minio://) the object store answered since `offset`
-    (its request log: moto.log)."""
-    bucket, key = ObjectStore.split(f"{model_uri.rstrip('/')}/{MODEL_FILE}")
-    with moto_log.open() as handle:
-        handle.seek(offset)
-        return sum(f'"GET /{bucket}/{key} ' in line for line in handle)
-
-
-def logs(cluster: Cluster, job: str) -> dict[str, str]:
-    """Each pod's log by its replicated job (`dataset-initializer`, `model-initializer`, `node`)."""
-    found = {}
-    for (_, pod), runtime in {**cluster.kubelet.removed, **cluster.kubelet.runtimes}.items():
-        if pod.startswith(f"{job}-"):
-            found[pod[len(job) + 1:].rsplit("-", 3)[0]] = runtime.log.text  # <job>-<replicated job>-0-0-<suffix>
-    return found
 
 
 @pytest.mark.parametrize("initializers", [True, False], ids=["initializers", "fallback"])

@@ -35,7 +35,7 @@ from tests.cluster.conftest import (
     tiny_arguments,
 )
 from tests.cluster.kfp_runner import ExecutionCache, ObjectStore
-from tests.cluster.test_initializers import MODEL_FILE, logs, request_log, weight_reads
+from tests.cluster.records import MODEL_FILE, logs, request_log, weight_reads
 from tests.cluster.training_operator import condition_true
 from tests.integration.services import S3_ENV
 
