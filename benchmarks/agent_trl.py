@@ -59,7 +59,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.side_by_side import NUM_THREADS, _quiet_libraries, medians, paired_ratio  # noqa: E402
+from benchmarks.side_by_side import (  # noqa: E402
+    NUM_THREADS,
+    _quiet_libraries,
+    medians,
+    paired_ratio,
+    require_trl,
+)
 from pipelines.presets import TINY_AGENT_RUN  # noqa: E402
 from trainer.tiny.agent_task import calculator, check_answer  # noqa: E402
 
@@ -403,11 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.run_one is not None:
         run_one(args.run_one)
         return
-    if "trl" in args.systems:
-        try:
-            import trl  # noqa: F401
-        except ImportError:
-            sys.exit("benchmark: TRL is not installed; `make benchmark` installs the `bench` extra")
+    require_trl(args.systems)
     with contextlib.ExitStack() as stack:
         if args.keep is not None:
             work_dir = args.keep

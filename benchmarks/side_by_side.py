@@ -357,6 +357,15 @@ def run_one(spec_path: Path) -> None:
     Path(spec["result"]).write_text(json.dumps(result))
 
 
+def require_trl(systems: list[str]) -> None:
+    """Exit with one line when `systems` names TRL and it is not installed."""
+    if "trl" in systems:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            sys.exit("benchmark: TRL is not installed; `make benchmark` installs the `bench` extra")
+
+
 def _quiet_libraries() -> None:
     import warnings
 
@@ -580,11 +589,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.run_one is not None:
         run_one(args.run_one)
         return
-    if "trl" in args.systems:
-        try:
-            import trl  # noqa: F401
-        except ImportError:
-            sys.exit("benchmark: TRL is not installed; `make benchmark` installs the `bench` extra")
+    require_trl(args.systems)
     _quiet_libraries()
     with contextlib.ExitStack() as stack:
         if args.keep is not None:

@@ -211,6 +211,14 @@ class TrainerController:
             self._set_condition(job, "Complete", "True", "AllJobsCompleted", "jobset completed successfully")
         self._set_jobs_status(job, state, pods, num_nodes, steps)
 
+    def _ended(self, pods: list[dict]) -> list[dict]:
+        """The pods that ended and are not counted yet (they still carry the Job's tracking finalizer), released."""
+        ended = [pod for pod in pods if pod["status"].get("phase") in ("Succeeded", "Failed")
+                 and TRACKING_FINALIZER in (pod["metadata"].get("finalizers") or [])]
+        for pod in ended:
+            self._release(pod)
+        return ended
+
     @staticmethod
     def _job_of(pod: dict) -> str:
         return pod["metadata"]["labels"][f"{JOBSET}/replicatedjob-name"]
@@ -221,12 +229,8 @@ class TrainerController:
                              pods: list[dict]) -> tuple[str, str] | None:
         """Create each initializer job's pod, count ended ones; (reason, message) when one's Job fails."""
         jobs = {rjob["name"]: rjob for rjob in jobset["replicatedJobs"] if step_of(rjob)}
-        for pod in pods:
+        for pod in self._ended(pods):
             labels = pod["metadata"]["labels"]
-            if pod["status"].get("phase") not in ("Succeeded", "Failed") or TRACKING_FINALIZER not in (
-                    pod["metadata"].get("finalizers") or []):
-                continue
-            self._release(pod)
             step = self._job_of(pod)
             if labels[f"{JOBSET}/restart-attempt"] != str(state.attempt) or step not in jobs:
                 continue
@@ -270,12 +274,8 @@ class TrainerController:
         template["spec"]["volumes"] = [*(template["spec"].get("volumes") or []),
                                        *claim_volumes(jobset, job["metadata"]["name"])]
         job_spec = trainer_job(jobset)["template"]["spec"]
-        for pod in pods:
+        for pod in self._ended(pods):
             labels = pod["metadata"]["labels"]
-            if pod["status"].get("phase") not in ("Succeeded", "Failed") or TRACKING_FINALIZER not in (
-                    pod["metadata"].get("finalizers") or []):
-                continue
-            self._release(pod)
             if labels[f"{JOBSET}/restart-attempt"] != str(state.attempt):
                 continue
             index = int(labels[COMPLETION_INDEX])

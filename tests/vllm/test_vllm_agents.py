@@ -186,53 +186,23 @@ def test_the_explorer_carries_episodes_across_weight_versions_with_vllms_own_log
                                                                                       agent_files, monkeypatch):
     # As tests/trainer/agents/test_training.py's carry test, with vLLM sampling: the carried group's first turn keeps
     # the log-probs vLLM gave under version 0, its second turn gets vLLM's under version 1.
-    import copy
-    import threading
-    import time
-
-    from tests.trainer.agents.environments import GatedEnvironment
+    from tests.trainer.agents.carry import GATED, carry_config, run_carried_batches
     from trainer.algorithms.ppo import response_logps
     from trainer.asynchronous.buffer import QueueBuffer
     from trainer.asynchronous.explorer import Explorer
 
-    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", "gated=tests.trainer.agents.environments:GatedEnvironment")
-    config = make_config("grpo", tmp_path / "run", vllm_tiny_model, agent_files["prompts"],
-                         train={"micro_batch_size": 8}, data={"max_length": 32}, rollout={"engine": "vllm"},
-                         generation={"max_new_tokens": 12, "temperature": 1.0,
-                                     "stop": list(string.ascii_letters + string.digits)},
-                         reward={"function": "tiny_calculator"},
-                         environment={"name": "gated", "max_turns": 2, "max_total_tokens": 64, "schedule": "as_ready",
-                                      "oversample_groups": 1},
-                         grpo={"rollout_batch_size": 1, "num_generations": 2, "mini_batch_size": 2},
-                         asynchronous={"sync_offset": 1})
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", GATED)
+    config = carry_config(tmp_path / "run", vllm_tiny_model, agent_files["prompts"], rollout={"engine": "vllm"})
     explorer = Explorer(config, buffer=QueueBuffer())
-    upcoming = [str(row["prompt"]) for row in copy.deepcopy(explorer.prompts).take(4)]
-    held, later = threading.Event(), threading.Event()
-    monkeypatch.setattr(GatedEnvironment, "GATES", {upcoming[1]: held, upcoming[2]: later, upcoming[3]: later})
     try:
-        explorer.version = 0
-        explorer.make_batch(1)
-        carried = list(explorer.carry.episodes)
-        turn_one, recorded = [list(e.ids) for e in carried], [list(e.logps) for e in carried]
-        with torch.no_grad():
-            for parameter in explorer.policy.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-        explorer.rollout.sync_weights(explorer.policy)
-        explorer.version = 1
-        held.set()
-        deadline = time.monotonic() + 20
-        while not all(future.done() for future in explorer.carry.steps.stepping):
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        second = explorer.make_batch(2)
+        run = run_carried_batches(explorer, monkeypatch)
     finally:
-        held.set()
-        later.set()
         explorer.close()
+    second = run.second
     assert second.version == 0 and second.info["agent/carried_episodes"] == 2.0
-    start = second.input_ids.shape[1] - max(len(e.ids) for e in carried)  # where the prompts end
+    start = second.input_ids.shape[1] - max(len(e.ids) for e in run.carried)  # where the prompts end
     now = response_logps(explorer.policy, second.as_batch()) * second.action_mask
-    for row, (ids, values) in enumerate(zip(turn_one, recorded)):
+    for row, (ids, values) in enumerate(zip(run.turn_one, run.recorded)):
         old = slice(start, start + len(ids))
         assert second.input_ids[row, old].tolist() == ids
         assert torch.equal(second.behaviour_logps[row, old], torch.tensor(values))  # vLLM's, under version 0

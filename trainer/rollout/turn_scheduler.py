@@ -108,9 +108,8 @@ def run_in_lockstep(episodes: list[Episode], actions: EpisodeActions, pool: Thre
             actions.append_observation(episode, observation)
 
 
-def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor,
-                 phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
-                 stepping: dict[Future, Episode] | None = None) -> None:
+def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadPoolExecutor, phases: PhaseTimer,
+                 is_enough: Callable[[], bool] | None, stepping: dict[Future, Episode]) -> None:
     """Each episode's next turn as soon as its observation is ready (the module docstring).
 
     Phase `environment` is the time the loop waited for an environment with no episode to sample, so
@@ -121,8 +120,7 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
     """
     should_stop = is_enough if is_enough is not None else (lambda: False)
     position = {id(episode): row for row, episode in enumerate(episodes)}
-    stepping = {} if stepping is None else stepping
-    waiting = {id(e) for e in stepping.values()}
+    waiting = {id(e) for e in stepping.values()}  # carried: their environments are still answering
     ready = [e for e in episodes if not e.done and id(e) not in waiting]
     try:
         while ready or stepping:
@@ -140,16 +138,25 @@ def run_as_ready(episodes: list[Episode], actions: EpisodeActions, pool: ThreadP
                 continue
             with phases.phase("environment"):  # every step that finished during the call, or else the first to finish
                 finished = gather_answers(stepping)
-            for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
-                episode = stepping.pop(future)
-                actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
-                if not episode.done:
-                    ready.append(episode)
-                elif should_stop():
-                    return
+            if take_answers(finished, stepping, position, actions, ready, should_stop):
+                return
     except BaseException:
         cancel(stepping)
         raise
+
+
+def take_answers(finished: set[Future] | list[Future], stepping: dict[Future, Episode], position: dict[int, int],
+                 actions: EpisodeActions, ready: list[Episode], should_stop: Callable[[], bool]) -> bool:
+    """Append the observations of the `finished` steps in row order; the episodes going on join `ready`. True as
+    soon as `should_stop` holds after an episode ended (the rest stay in `stepping`)."""
+    for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
+        episode = stepping.pop(future)
+        actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
+        if not episode.done:
+            ready.append(episode)
+        elif should_stop():
+            return True
+    return False
 
 
 def gather_answers(stepping: dict[Future, Episode]) -> set[Future]:
@@ -171,8 +178,8 @@ def gather_answers(stepping: dict[Future, Episode]) -> set[Future]:
 
 
 def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: TurnQueue, pool: ThreadPoolExecutor,
-                     phases: PhaseTimer, is_enough: Callable[[], bool] | None = None,
-                     stepping: dict[Future, Episode] | None = None) -> None:
+                     phases: PhaseTimer, is_enough: Callable[[], bool] | None,
+                     stepping: dict[Future, Episode]) -> None:
     """`as_ready` on an engine that batches continuously (the module docstring): turns submitted one at a time, the
     engine stepped while any is in flight, environments answered between its steps.
 
@@ -183,8 +190,7 @@ def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: Tu
     """
     should_stop = is_enough if is_enough is not None else (lambda: False)
     position = {id(episode): row for row, episode in enumerate(episodes)}
-    stepping = {} if stepping is None else stepping
-    waiting = {id(e) for e in stepping.values()}
+    waiting = {id(e) for e in stepping.values()}  # carried: their environments are still answering
     ready = [e for e in episodes if not e.done and id(e) not in waiting]
     try:
         while ready or stepping or len(turns):
@@ -204,13 +210,8 @@ def run_continuously(episodes: list[Episode], actions: EpisodeActions, turns: Tu
                     finished, _ = wait(stepping, return_when=FIRST_COMPLETED)
             else:
                 finished = []
-            for future in sorted(finished, key=lambda f: position[id(stepping[f])]):
-                episode = stepping.pop(future)
-                actions.append_observation(episode, future.result())  # an environment's EpisodeError ends the run
-                if not episode.done:
-                    ready.append(episode)
-                elif should_stop():
-                    return
+            if take_answers(finished, stepping, position, actions, ready, should_stop):
+                return
     except BaseException:
         cancel(stepping)
         raise

@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import string
 
 import pytest
 import torch
@@ -133,68 +132,32 @@ def test_over_sampled_prompts_are_consumed_whichever_groups_complete(tmp_path, t
 
 def test_the_explorer_carries_unfinished_groups_to_the_next_weight_version(tmp_path, tiny_model, agent_files,
                                                                             monkeypatch):
-    import copy
-    import threading
-    import time
-
-    from tests.trainer.agents.environments import GatedEnvironment
+    from tests.trainer.agents.carry import GATED, carry_config, run_carried_batches
     from trainer.algorithms.ppo import response_logps
     from trainer.asynchronous.buffer import QueueBuffer
     from trainer.asynchronous.explorer import Explorer
 
-    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", "gated=tests.trainer.agents.environments:GatedEnvironment")
-    config = make_config("grpo", tmp_path / "run", tiny_model, agent_files["prompts"], train={"micro_batch_size": 8},
-                         # Most characters stop a turn, so the random model's turns end within their budget
-                         # (a turn cut by it would end its episode before its environment is asked).
-                         generation={"max_new_tokens": 12, "temperature": 1.0,
-                                     "stop": list(string.ascii_letters + string.digits)},
-                         reward={"function": "tiny_calculator"}, data={"max_length": 32},
-                         environment={"name": "gated", "max_turns": 2, "max_total_tokens": 64, "schedule": "as_ready",
-                                      "oversample_groups": 1},
-                         grpo={"rollout_batch_size": 1, "num_generations": 2, "mini_batch_size": 2},
-                         asynchronous={"sync_offset": 1})  # max_staleness 1
-    explorer = Explorer(config, buffer=QueueBuffer())
-    upcoming = [str(row["prompt"]) for row in copy.deepcopy(explorer.prompts).take(6)]  # two prompts a batch
-    held, later = threading.Event(), threading.Event()
-    monkeypatch.setattr(GatedEnvironment, "GATES", {upcoming[1]: held, upcoming[2]: later, upcoming[3]: later})
-    try:
-        torch.manual_seed(0)
-        explorer.version = 0
-        first = explorer.make_batch(1)  # group 0 ends; group 1 waits at its first step and is carried
-        assert first.version == 0 and len(first) == 2
-        assert first.info["agent/carried_over"] == 2.0 and first.info["agent/carried_episodes"] == 0.0
-        carried = list(explorer.carry.episodes)
-        assert [str(e.row["prompt"]) for e in carried] == [upcoming[1]] * 2 and not any(e.done for e in carried)
-        turn_one = [list(e.ids) for e in carried]  # its first turn and the observation, sampled under version 0
-        recorded = [list(e.logps) for e in carried]  # their log-probs under version 0, recorded before new weights
-        assert all(any(values) for values in recorded)
-
-        with torch.no_grad():  # version 1
-            for parameter in explorer.policy.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-        explorer.version = 1
-        held.set()
-        deadline = time.monotonic() + 20
-        while not all(future.done() for future in explorer.carry.steps.stepping):
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        second = explorer.make_batch(2)  # the carried group takes its second turn under version 1; the new wait
-    finally:
-        held.set()
-        later.set()
+    monkeypatch.setenv("ALIGNFLOW_ENVIRONMENTS", GATED)
+    explorer = Explorer(carry_config(tmp_path / "run", tiny_model, agent_files["prompts"]), buffer=QueueBuffer())
+    torch.manual_seed(0)
+    run = run_carried_batches(explorer, monkeypatch)  # group 0 ends in batch 1; group 1 is carried to batch 2
+    first, second, carried = run.first, run.second, run.carried
+    assert first.version == 0 and len(first) == 2
+    assert first.info["agent/carried_over"] == 2.0 and first.info["agent/carried_episodes"] == 0.0
+    assert all(any(values) for values in run.recorded)  # recorded under version 0, before the new weights
     # The batch is the carried group, recorded as sampled from version 0 on (its staleness counts from there).
     assert second.version == 0 and second.info["agent/carried_episodes"] == 2.0
     assert second.info["agent/carried_over"] == 4.0  # the two new groups, still waiting
     start = second.input_ids.shape[1] - max(len(e.ids) for e in carried)
     now = response_logps(explorer.policy, second.as_batch()) * second.action_mask  # version 1's
-    for row, (ids, values) in enumerate(zip(turn_one, recorded)):
+    for row, (ids, values) in enumerate(zip(run.turn_one, run.recorded)):
         assert second.input_ids[row, start:start + len(ids)].tolist() == ids  # the episode went on, not restarted
         old = slice(start, start + len(ids))
         assert torch.allclose(second.behaviour_logps[row, old], torch.tensor(values))  # version 0's, kept
         assert not torch.allclose(now[row, old], torch.tensor(values))  # which version 1 would not have given
         new = slice(start + len(ids), second.input_ids.shape[1])
         assert torch.allclose(second.behaviour_logps[row, new], now[row, new])  # the second turn: version 1's
-    assert (second.action_mask[:, start + len(turn_one[0]):] == 1).any()  # there was a second turn to weigh
+    assert (second.action_mask[:, start + len(run.turn_one[0]):] == 1).any()  # there was a second turn to weigh
 
     third = explorer.make_batch(10)  # trained at version 9: groups from version 1 are too old to go on
     assert third.info["agent/stale_episodes_dropped"] == 4.0 and third.version == 1
